@@ -1,0 +1,92 @@
+"""Every API error is JSON in one of two shapes (SPEC §11):
+``{"error": {"code", "message"}}`` or ``{"errors": [{"path", "code", "message"}]}``."""
+
+from __future__ import annotations
+
+import logging
+
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+logger = logging.getLogger(__name__)
+
+
+class ApiError(exceptions.APIException):
+    """An error with a stable code from the spec, raised by views and services' callers."""
+
+    def __init__(self, code: str, message: str, http_status: int = 400, headers: dict | None = None):
+        self.code = code
+        self.message = message
+        self.status_code = http_status
+        self.headers = headers or {}
+        super().__init__(detail=message, code=code)
+
+
+class ValidationErrors(exceptions.APIException):
+    """A list of ``{path, code, message}`` problems; always HTTP 400."""
+
+    status_code = 400
+
+    def __init__(self, errors: list[dict]):
+        self.errors = errors
+        super().__init__(detail="invalid", code="INVALID_ARGUMENT")
+
+
+_CODES = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED",
+    406: "NOT_ACCEPTABLE",
+    409: "CONFLICT",
+    413: "PAYLOAD_TOO_LARGE",
+    415: "UNSUPPORTED_MEDIA_TYPE",
+    422: "UNPROCESSABLE",
+    429: "RATE_LIMITED",
+}
+
+
+def error_body(code: str, message: str) -> dict:
+    return {"error": {"code": code, "message": message}}
+
+
+def _flatten(detail, path: str = "") -> list[dict]:
+    if isinstance(detail, dict):
+        out: list[dict] = []
+        for key, value in detail.items():
+            sub = "" if key == "non_field_errors" else f"{path}/{key}"
+            out.extend(_flatten(value, sub))
+        return out
+    if isinstance(detail, list):
+        if all(isinstance(d, exceptions.ErrorDetail | str) for d in detail):
+            return [{"path": path or "/", "code": "INVALID_ARGUMENT", "message": str(d)} for d in detail]
+        out = []
+        for i, value in enumerate(detail):
+            out.extend(_flatten(value, f"{path}/{i}"))
+        return out
+    return [{"path": path or "/", "code": "INVALID_ARGUMENT", "message": str(detail)}]
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, ApiError):
+        return Response(error_body(exc.code, exc.message), status=exc.status_code, headers=exc.headers)
+    if isinstance(exc, ValidationErrors):
+        return Response({"errors": exc.errors}, status=400)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, PermissionDenied):
+        exc = exceptions.PermissionDenied()
+    if isinstance(exc, exceptions.ValidationError):
+        return Response({"errors": _flatten(exc.detail)}, status=400)
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        logger.exception("unhandled API error", exc_info=exc)
+        return Response(error_body("INTERNAL", "internal error"), status=status.HTTP_500_INTERNAL_SERVER_ERROR)
+    code = _CODES.get(response.status_code, "ERROR")
+    message = str(getattr(exc, "detail", "")) or code.lower()
+    response.data = error_body(code, message)
+    return response

@@ -1,0 +1,13 @@
+"""Every app's API under /api/v1/; each app owns its routes in <app>/api/urls.py."""
+
+from __future__ import annotations
+
+from django.urls import include, path
+
+urlpatterns = [
+    path("", include("audit.api.urls")),
+    path("", include("automations.api.urls")),
+    path("", include("capabilities.api.urls")),
+    path("", include("approvals.api.urls")),
+    path("", include("triggers.api.urls")),
+]

@@ -1,0 +1,54 @@
+"""The Celery app: four queues, routing by task name, beat on the database scheduler."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+from kombu import Exchange, Queue
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+app = Celery("autoplane")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+
+# Duration classes (SPEC §7.1): a run goes to the queue of its longest step.
+QUEUE_FAST = "automations_fast"  # < 10 s
+QUEUE_MEDIUM = "automations_medium"  # < 5 min
+QUEUE_LONG = "automations_long"  # <= 1 h
+QUEUE_DEFAULT = "default"  # platform housekeeping
+QUEUES = (QUEUE_DEFAULT, QUEUE_FAST, QUEUE_MEDIUM, QUEUE_LONG)
+
+app.conf.update(
+    task_queues=[Queue(name, Exchange(name), routing_key=name) for name in QUEUES],
+    task_default_queue=QUEUE_DEFAULT,
+    task_default_exchange=QUEUE_DEFAULT,
+    task_default_routing_key=QUEUE_DEFAULT,
+    # Run execution is routed per run by the dispatcher (apply_async(queue=...));
+    # everything else is housekeeping on the default queue.
+    task_routes={"autoplane.*": {"queue": QUEUE_DEFAULT}},
+    task_serializer="json",
+    accept_content=["json"],
+    result_serializer="json",
+    task_ignore_result=True,
+    result_expires=3600,
+    worker_prefetch_multiplier=1,
+    worker_hijack_root_logger=False,
+    task_acks_late=False,
+    task_reject_on_worker_lost=False,
+    task_time_limit=3 * 3600,
+    broker_connection_retry_on_startup=True,
+    beat_scheduler="django_celery_beat.schedulers:DatabaseScheduler",
+    worker_send_task_events=False,
+    timezone="UTC",
+    enable_utc=True,
+)
+app.autodiscover_tasks()
+
+
+@app.task(name="autoplane.ping", ignore_result=False)
+def ping(value: object = None) -> dict:
+    """A no-op used by health checks, tests and the bare-Celery benchmark baseline."""
+    import socket
+
+    return {"value": value, "worker": socket.gethostname(), "pid": os.getpid()}

@@ -1,0 +1,207 @@
+"""autoplane settings: one env-driven module that runs with no environment at all.
+
+With no variables set it uses the embedded default: SQLite and a SQLite-backed
+Celery broker in ``AUTOPLANE_DATA_DIR`` (default ``./var``). Point
+``DATABASE_URL`` at PostgreSQL and ``CELERY_BROKER_URL`` at Redis for production.
+Every variable is listed in ``.env.example``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+if (BASE_DIR / ".env").is_file():
+    environ.Env.read_env(BASE_DIR / ".env")
+
+DATA_DIR = Path(env.str("AUTOPLANE_DATA_DIR", default=str(BASE_DIR / "var"))).resolve()
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _persistent_secret(filename: str, generate) -> str:
+    """A value generated once and kept in the data directory (embedded default only)."""
+    path = DATA_DIR / filename
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.write_text(generate())
+    return path.read_text().strip()
+
+
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="") or _persistent_secret(
+    "django_secret_key", lambda: secrets.token_urlsafe(50)
+)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "django_celery_beat",
+    "audit",
+    "workspaces",
+    "capabilities",
+    "approvals",
+    "automations",
+    "triggers",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "config.middleware.JsonErrorMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------
+SQLITE_PATH = DATA_DIR / "autoplane.sqlite3"
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{SQLITE_PATH}")}
+_db = DATABASES["default"]
+if _db["ENGINE"] == "django.db.backends.sqlite3":
+    # Several processes (web, workers, beat) share the file: WAL lets readers run
+    # beside the one writer, the busy timeout makes writers queue instead of
+    # failing, and IMMEDIATE transactions take the write lock up front so two
+    # writers never deadlock upgrading a read lock.
+    _db.setdefault("OPTIONS", {}).update(
+        {
+            "timeout": 30,
+            "transaction_mode": "IMMEDIATE",
+            "init_command": (
+                "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; "
+                "PRAGMA busy_timeout=30000; PRAGMA foreign_keys=ON;"
+            ),
+        }
+    )
+    _db["TEST"] = {"NAME": str(DATA_DIR / "test_autoplane.sqlite3")}
+elif _db["ENGINE"] in ("django.db.backends.postgresql",):
+    _db.setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=60))
+    _db.setdefault("CONN_HEALTH_CHECKS", True)
+else:
+    raise ImproperlyConfigured("DATABASE_URL must point at PostgreSQL or SQLite")
+DATABASE_IS_SQLITE = _db["ENGINE"] == "django.db.backends.sqlite3"
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+
+LOGIN_URL = "/admin/login/"
+
+# --- Celery ---------------------------------------------------------------
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=f"sqla+sqlite:///{DATA_DIR / 'broker.sqlite3'}")
+BROKER_IS_EMBEDDED = CELERY_BROKER_URL.startswith(("sqla+", "filesystem://"))
+CELERY_RESULT_BACKEND = env.str(
+    "CELERY_RESULT_BACKEND",
+    default=(f"db+sqlite:///{DATA_DIR / 'results.sqlite3'}" if BROKER_IS_EMBEDDED else CELERY_BROKER_URL),
+)
+# Longest allowed step is 1 h (the long queue); a late-acked message must not be
+# redelivered while its step is still legitimately running.
+CELERY_VISIBILITY_TIMEOUT = env.int("CELERY_VISIBILITY_TIMEOUT", default=2 * 3600)
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_VISIBILITY_TIMEOUT}
+if BROKER_IS_EMBEDDED:
+    CELERY_BROKER_TRANSPORT_OPTIONS["polling_interval"] = env.float("CELERY_POLLING_INTERVAL", default=0.05)
+
+# --- autoplane --------------------------------------------------------------
+AUTOPLANE_SIGNING_KEY = env.str("AUTOPLANE_SIGNING_KEY", default="")
+AUTOPLANE_SIGNING_KEY_FILE = Path(
+    env.str("AUTOPLANE_SIGNING_KEY_FILE", default=str(DATA_DIR / "signing_key.pem"))
+)
+# Public keys of retired signing keys (PEM files), kept so old tokens and
+# checkpoints still verify after rotation.
+AUTOPLANE_RETIRED_PUBLIC_KEY_FILES = [Path(p) for p in env.list("AUTOPLANE_RETIRED_PUBLIC_KEY_FILES", default=[])]
+AUTOPLANE_AUDIT_CHECKPOINT_SECONDS = env.int("AUTOPLANE_AUDIT_CHECKPOINT_SECONDS", default=300)
+AUTOPLANE_AUDIT_MAX_PAYLOAD_BYTES = env.int("AUTOPLANE_AUDIT_MAX_PAYLOAD_BYTES", default=64 * 1024)
+
+AUTOPLANE_CREDENTIAL_KEYS = env.list("AUTOPLANE_CREDENTIAL_KEYS", default=[])
+AUTOPLANE_EGRESS_ALLOWLIST = env.list("AUTOPLANE_EGRESS_ALLOWLIST", default=[])
+AUTOPLANE_SANDBOX_BACKEND = env.str("AUTOPLANE_SANDBOX_BACKEND", default="bubblewrap")
+if AUTOPLANE_SANDBOX_BACKEND not in ("bubblewrap", "subprocess"):
+    raise ImproperlyConfigured("AUTOPLANE_SANDBOX_BACKEND must be 'bubblewrap' or 'subprocess'")
+
+# A run whose worker stopped heartbeating for this long is re-enqueued by the sweeper.
+AUTOPLANE_RUN_LEASE_SECONDS = env.int("AUTOPLANE_RUN_LEASE_SECONDS", default=60)
+AUTOPLANE_SWEEP_SECONDS = env.int("AUTOPLANE_SWEEP_SECONDS", default=15)
+
+LLM_BASE_URL = env.str("LLM_BASE_URL", default="")
+LLM_MODEL = env.str("LLM_MODEL", default="")
+LLM_API_KEY = env.str("LLM_API_KEY", default="")
+
+EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="autoplane@localhost")
+EMAIL_HOST = env.str("EMAIL_HOST", default="localhost")
+EMAIL_PORT = env.int("EMAIL_PORT", default=25)
+
+# --- REST API --------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "config.api_errors.exception_handler",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "autoplane API",
+    "DESCRIPTION": "Automations, runs, approvals, triggers and the audit ledger.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

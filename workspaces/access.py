@@ -1,0 +1,27 @@
+"""Who may do what where: every API query and action goes through these."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from .models import ROLE_PERMISSIONS, Membership, Permission, Workspace
+
+
+def workspaces_for(user, permission: str = Permission.VIEW) -> QuerySet[Workspace]:
+    if not user or not user.is_authenticated:
+        return Workspace.objects.none()
+    roles = [role for role, perms in ROLE_PERMISSIONS.items() if permission in perms]
+    return Workspace.objects.filter(memberships__user=user, memberships__role__in=roles)
+
+
+def has_permission(user, workspace_id: int, permission: str) -> bool:
+    if not user or not user.is_authenticated:
+        return False
+    role = Membership.objects.filter(user=user, workspace_id=workspace_id).values_list("role", flat=True).first()
+    return role is not None and permission in ROLE_PERMISSIONS[role]
+
+
+def default_workspace_for(user, permission: str = Permission.OPERATE) -> Workspace | None:
+    """The caller's only workspace with ``permission``; None when ambiguous or absent."""
+    candidates = list(workspaces_for(user, permission)[:2])
+    return candidates[0] if len(candidates) == 1 else None
