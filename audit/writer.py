@@ -3,19 +3,28 @@
 Call :func:`append` inside the transaction that makes the change it records.
 Each chain (one per workspace, plus ``platform``) is serialised by locking its
 head row, so concurrent writers from many processes keep one valid chain while
-different workspaces append in parallel.
+different workspaces append in parallel. The lock is held until the caller's
+transaction ends, so append as late in the transaction as is natural.
+
+On PostgreSQL an append is one SQL statement (lock the head, compute the hash,
+move the head, insert the row): the database computes sha256 over the same
+canonical JSON that :func:`event_hash` builds, with ``prev_hash``, ``seq`` and
+``timestamp`` filled in under the lock. Elsewhere (SQLite, where a write
+transaction already holds the database's one write lock) it is three short
+statements. Both paths produce rows that :func:`event_hash` reproduces exactly.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import transaction
+from django.db import connections, router, transaction
 from django.utils import timezone
 
 from .models import AuditChainHead, AuditEvent, Outcome
@@ -26,6 +35,9 @@ HASHED_FIELDS = (
     "chain", "seq", "timestamp", "trace_id", "stage", "type", "summary",
     "outcome", "workspace_id", "refs", "actor", "payload", "prev_hash",
 )  # fmt: skip
+# The fields the database fills in under the chain lock, in canonical (sorted) order.
+_LOCKED_FIELDS = ("prev_hash", "seq", "timestamp")
+_FIELD_LIMITS = {"trace_id": 64, "type": 64, "stage": 32}
 
 
 def chain_for(workspace_id: int | None) -> str:
@@ -36,29 +48,160 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, cls=DjangoJSONEncoder)
 
 
+def format_timestamp(value: Any) -> str:
+    return value.isoformat(timespec="microseconds") if hasattr(value, "isoformat") else value
+
+
 def event_hash(fields: dict[str, Any]) -> str:
     """sha256 over the canonical serialisation of the hashed fields (including ``prev_hash``)."""
     material = {name: fields[name] for name in HASHED_FIELDS}
-    ts = material["timestamp"]
-    material["timestamp"] = ts.isoformat(timespec="microseconds") if hasattr(ts, "isoformat") else ts
+    material["timestamp"] = format_timestamp(material["timestamp"])
     return hashlib.sha256(canonical_json(material).encode()).hexdigest()
 
 
+def _clean_text(value: str) -> str:
+    # PostgreSQL text and jsonb cannot hold NUL, and lone surrogates cannot be encoded.
+    if "\x00" in value:
+        value = value.replace("\x00", "\ufffd")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        value = value.encode("utf-8", "replace").decode()
+    return value
+
+
+def _clean(value: Any) -> Any:
+    """Make JSON data survive a database round trip unchanged, so its hash does too.
+
+    jsonb keeps numbers as decimals: ``1e+16`` comes back as the integer
+    ``10000000000000000`` and ``-0.0`` as ``0.0``; NaN and infinities are not JSON.
+    """
+    if isinstance(value, str):
+        return _clean_text(value)
+    if isinstance(value, dict):
+        return {_clean_text(str(k)): _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return str(value)
+        if value == 0:
+            return 0.0
+        if value.is_integer() and abs(value) >= 1e16:
+            return int(value)
+    return value
+
+
 def _jsonable(value: Any) -> Any:
-    return json.loads(canonical_json(value))
+    return _clean(json.loads(canonical_json(value)))
 
 
 def _cap_payload(payload: dict[str, Any]) -> dict[str, Any]:
     text = canonical_json(payload)
+    size = len(text.encode())
     limit = settings.AUTOPLANE_AUDIT_MAX_PAYLOAD_BYTES
-    if len(text.encode()) <= limit:
+    if size <= limit:
         return payload
     return {
         "truncated": True,
-        "original_bytes": len(text.encode()),
+        "original_bytes": size,
         "sha256": hashlib.sha256(text.encode()).hexdigest(),
-        "preview": text[: min(2048, limit // 2)],
+        "preview": _clean_text(text[: min(2048, limit // 2)]),
     }
+
+
+def _hash_text_parts(fields: dict[str, Any]) -> list[str]:
+    """The canonical JSON of an event split around ``prev_hash``, ``seq`` and ``timestamp``.
+
+    ``parts[0] + prev_hash + parts[1] + str(seq) + parts[2] + timestamp + parts[3]``
+    equals the text :func:`event_hash` hashes (tested).
+    """
+    parts: list[str] = []
+    buf = "{"
+    for i, name in enumerate(sorted(HASHED_FIELDS)):
+        buf += ("," if i else "") + json.dumps(name) + ":"
+        if name in _LOCKED_FIELDS:
+            quote = "" if name == "seq" else '"'
+            parts.append(buf + quote)
+            buf = quote
+        else:
+            buf += canonical_json(fields[name])
+    parts.append(buf + "}")
+    return parts
+
+
+_PG_APPEND = """
+WITH head AS MATERIALIZED (
+    SELECT id, seq, head_hash, clock_timestamp() AS ts
+    FROM audit_auditchainhead WHERE chain = %(chain)s
+    FOR UPDATE
+), moved AS (
+    UPDATE audit_auditchainhead AS h
+    SET seq = head.seq + 1,
+        head_hash = encode(sha256(convert_to(
+            %(p0)s || head.head_hash || %(p1)s || (head.seq + 1)::text || %(p2)s
+            || to_char(head.ts AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"') || %(p3)s,
+            'UTF8')), 'hex')
+    FROM head
+    WHERE h.id = head.id
+    RETURNING h.seq, h.head_hash, head.head_hash AS prev_hash, head.ts
+)
+INSERT INTO audit_auditevent
+    (chain, seq, timestamp, trace_id, stage, type, summary, outcome,
+     workspace_id, refs, actor, payload, prev_hash, hash)
+SELECT %(chain)s, moved.seq, moved.ts, %(trace_id)s, %(stage)s, %(type)s, %(summary)s, %(outcome)s,
+       %(workspace_id)s, %(refs)s::jsonb, %(actor)s, %(payload)s::jsonb, moved.prev_hash, moved.head_hash
+FROM moved
+RETURNING id, seq, timestamp, prev_hash, hash
+"""
+_PG_CREATE_HEAD = """
+INSERT INTO audit_auditchainhead (chain, seq, head_hash) VALUES (%s, 0, %s)
+ON CONFLICT (chain) DO NOTHING
+"""
+
+
+def _append_postgresql(connection, fields: dict[str, Any]) -> AuditEvent:
+    p0, p1, p2, p3 = _hash_text_parts(fields)
+    params = {
+        **fields,
+        "refs": canonical_json(fields["refs"]),
+        "payload": canonical_json(fields["payload"]),
+        "p0": p0,
+        "p1": p1,
+        "p2": p2,
+        "p3": p3,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_PG_APPEND, params)
+        row = cursor.fetchone()
+        if row is None:  # first event of this chain
+            cursor.execute(_PG_CREATE_HEAD, [fields["chain"], GENESIS_HASH])
+            cursor.execute(_PG_APPEND, params)
+            row = cursor.fetchone()
+    event_id, seq, ts, prev_hash, hash_ = row
+    event = AuditEvent(id=event_id, seq=seq, timestamp=ts, prev_hash=prev_hash, hash=hash_, **fields)
+    event._state.adding = False
+    event._state.db = connection.alias
+    return event
+
+
+def _append_portable(alias: str, fields: dict[str, Any]) -> AuditEvent:
+    # savepoint=False: a failed append must fail the caller's transaction anyway,
+    # and skipping the savepoint saves two statements per event.
+    with transaction.atomic(using=alias, savepoint=False):
+        heads = AuditChainHead.objects.using(alias).select_for_update()
+        head = heads.filter(chain=fields["chain"]).values_list("id", "seq", "head_hash").first()
+        if head is None:
+            AuditChainHead.objects.using(alias).get_or_create(chain=fields["chain"])
+            head = heads.filter(chain=fields["chain"]).values_list("id", "seq", "head_hash").get()
+        head_id, seq, head_hash = head
+        fields.update(seq=seq + 1, prev_hash=head_hash, timestamp=timezone.now())
+        fields["hash"] = event_hash(fields)
+        event = AuditEvent.objects.using(alias).create(**fields)
+        AuditChainHead.objects.using(alias).filter(pk=head_id).update(
+            seq=fields["seq"], head_hash=fields["hash"]
+        )
+    return event
 
 
 def append(
@@ -78,34 +221,31 @@ def append(
 
     ``secrets`` are values (credential material, tokens) that must never be
     stored: every occurrence in summary, refs or payload becomes ``[REDACTED]``.
+    A payload larger than ``AUTOPLANE_AUDIT_MAX_PAYLOAD_BYTES`` is replaced by
+    its size, sha256 and a short preview.
     """
     if not trace_id:
         raise ValueError("audit events require a trace_id")
     if outcome not in Outcome.values:
         raise ValueError(f"unknown audit outcome {outcome!r}")
     secrets = list(secrets)
-    chain = chain_for(workspace_id)
     fields: dict[str, Any] = {
-        "chain": chain,
-        "trace_id": str(trace_id),
-        "stage": stage,
-        "type": type,
-        "summary": redact(summary, secrets)[:500],
+        "chain": chain_for(workspace_id),
+        "trace_id": _clean_text(str(trace_id)),
+        "stage": _clean_text(str(stage)),
+        "type": _clean_text(str(type)),
+        "summary": _clean_text(redact(str(summary), secrets))[:500],
         "outcome": str(outcome),
-        "workspace_id": workspace_id,
+        "workspace_id": None if workspace_id is None else int(workspace_id),
         "refs": _jsonable(redact(refs or {}, secrets)),
-        "actor": str(actor)[:200],
+        "actor": _clean_text(str(actor))[:200],
         "payload": _cap_payload(_jsonable(redact(payload or {}, secrets))),
     }
-    with transaction.atomic():
-        head = AuditChainHead.objects.select_for_update().filter(chain=chain).first()
-        if head is None:
-            AuditChainHead.objects.get_or_create(chain=chain)
-            head = AuditChainHead.objects.select_for_update().get(chain=chain)
-        fields["seq"] = head.seq + 1
-        fields["prev_hash"] = head.head_hash
-        fields["timestamp"] = timezone.now()
-        fields["hash"] = event_hash(fields)
-        event = AuditEvent.objects.create(**fields)
-        AuditChainHead.objects.filter(pk=head.pk).update(seq=fields["seq"], head_hash=fields["hash"])
-    return event
+    for name, limit in _FIELD_LIMITS.items():
+        if len(fields[name]) > limit:
+            raise ValueError(f"audit {name} longer than {limit} characters")
+    alias = router.db_for_write(AuditEvent)
+    connection = connections[alias]
+    if connection.vendor == "postgresql":
+        return _append_postgresql(connection, fields)
+    return _append_portable(alias, fields)

@@ -1,1 +1,209 @@
+"""Automations, their immutable versions, runs, step runs and domain events."""
+
 from __future__ import annotations
+
+import uuid
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import models
+
+from workspaces.models import Workspace
+
+
+class AutomationStatus(models.TextChoices):
+    ACTIVE = "active"
+    PAUSED = "paused"
+
+
+class Automation(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="automations")
+    name = models.CharField(max_length=200)
+    status = models.CharField(max_length=16, choices=AutomationStatus.choices, default=AutomationStatus.ACTIVE)
+    version = models.PositiveIntegerField(default=1)
+    definition = models.JSONField()
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        indexes = [models.Index(fields=["workspace", "name"], name="automation_ws_name_idx")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class AutomationVersion(models.Model):
+    """An immutable copy of every saved definition."""
+
+    automation = models.ForeignKey(Automation, on_delete=models.CASCADE, related_name="versions")
+    version = models.PositiveIntegerField()
+    definition = models.JSONField()
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-version"]
+        constraints = [models.UniqueConstraint(fields=["automation", "version"], name="automation_version_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.automation_id} v{self.version}"
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    AWAITING_APPROVAL = "awaiting_approval"
+    WAITING = "waiting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+    NEEDS_ATTENTION = "needs_attention"
+
+
+ACTIVE_RUN_STATUSES = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.AWAITING_APPROVAL, RunStatus.WAITING)
+FINAL_RUN_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.TIMED_OUT)
+
+
+class Run(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="runs")
+    automation = models.ForeignKey(Automation, on_delete=models.CASCADE, related_name="runs")
+    automation_version = models.PositiveIntegerField()
+    snapshot = models.JSONField(help_text="The exact definition this run executes.")
+    status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    inputs = models.JSONField(default=dict, blank=True)
+    trigger_type = models.CharField(max_length=16, default="manual")
+    trigger_key = models.CharField(max_length=64, blank=True, default="")
+    trigger_id = models.UUIDField(null=True, blank=True)
+    trigger_payload = models.JSONField(default=dict, blank=True)
+    triggered_by = models.CharField(max_length=200, default="system")
+    trace_id = models.CharField(max_length=64, db_index=True)
+    parent_run = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    chain_depth = models.PositiveSmallIntegerField(default=0)
+    concurrency_key = models.CharField(max_length=200, blank=True, default="")
+    queue = models.CharField(max_length=32)
+    # None while the run waits its turn behind others (concurrency policy "queue").
+    enqueued_at = models.DateTimeField(null=True, blank=True)
+    # Progress: which phase ("plan" or "on_failure") and step the run is at, and
+    # the values bound by ``output_as`` so far.
+    phase = models.CharField(max_length=16, default="plan")
+    step_index = models.PositiveIntegerField(default=0)
+    context = models.JSONField(default=dict, blank=True)
+    output = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    cost_usd = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
+    cancel_requested = models.BooleanField(default=False)
+    # Which worker holds the run and until when (a dead worker's lease runs out).
+    claimed_by = models.CharField(max_length=200, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    wake_at = models.DateTimeField(null=True, blank=True)
+    deadline_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["automation", "-created_at"], name="run_automation_idx"),
+            models.Index(fields=["workspace", "status", "-created_at"], name="run_ws_status_idx"),
+            models.Index(fields=["status", "lease_expires_at"], name="run_status_lease_idx"),
+            models.Index(fields=["automation", "concurrency_key", "status"], name="run_concurrency_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.id} ({self.status})"
+
+
+class StepStatus(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    AWAITING_APPROVAL = "awaiting_approval"
+
+
+class StepRun(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    phase = models.CharField(max_length=16, default="plan")
+    index = models.PositiveIntegerField()
+    step_id = models.CharField(max_length=64)
+    action = models.CharField(max_length=64)
+    status = models.CharField(max_length=20, choices=StepStatus.choices, default=StepStatus.PENDING)
+    attempt = models.PositiveIntegerField(default=0)
+    idempotency_key = models.CharField(max_length=64, blank=True, default="")
+    rendered_config = models.JSONField(null=True, blank=True)
+    output = models.JSONField(null=True, blank=True)
+    error_code = models.CharField(max_length=32, blank=True, default="")
+    error_message = models.CharField(max_length=500, blank=True, default="")
+    cost_usd = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["run", "phase", "index"]
+        constraints = [models.UniqueConstraint(fields=["run", "phase", "index"], name="steprun_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.step_id} ({self.status})"
+
+    @property
+    def duration_ms(self) -> float | None:
+        if self.started_at and self.finished_at:
+            return (self.finished_at - self.started_at).total_seconds() * 1000
+        return None
+
+
+class DispatchKey(models.Model):
+    """Dedupe record: an idempotency key or a schedule slot, scoped to its trigger, kept 24 h."""
+
+    scope = models.CharField(max_length=80)
+    key = models.CharField(max_length=255)
+    request_hash = models.CharField(max_length=64, blank=True, default="")
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["scope", "key"], name="dispatch_key_unique")]
+        indexes = [models.Index(fields=["expires_at"], name="dispatch_key_expiry_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.scope}:{self.key}"
+
+
+class DomainEvent(models.Model):
+    """The event bus table. Only automations/events.py touches it."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="+")
+    event_type = models.CharField(max_length=128)
+    source = models.CharField(max_length=200, default="api")
+    payload = models.JSONField(default=dict, blank=True)
+    trace_id = models.CharField(max_length=64)
+    chain_depth = models.PositiveSmallIntegerField(default=0)
+    parent_run_id = models.UUIDField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["workspace", "event_type", "-created_at"], name="event_type_idx"),
+            models.Index(fields=["expires_at"], name="event_expiry_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return self.event_type

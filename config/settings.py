@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "approvals",
     "automations",
     "triggers",
+    "ops",
 ]
 
 MIDDLEWARE = [
@@ -143,7 +144,16 @@ CELERY_RESULT_BACKEND = env.str(
 # redelivered while its step is still legitimately running.
 CELERY_VISIBILITY_TIMEOUT = env.int("CELERY_VISIBILITY_TIMEOUT", default=2 * 3600)
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_VISIBILITY_TIMEOUT}
-if BROKER_IS_EMBEDDED:
+if CELERY_BROKER_URL.startswith("sqla+"):
+    # kombu's SQLAlchemy transport hands every transport option to SQLAlchemy's
+    # create_engine(), which rejects the ones it does not know (kombu#2157), and
+    # it has no visibility timeout anyway; its polling interval (1 s by default,
+    # a second of latency per task) is therefore set on the transport class.
+    import kombu.transport.sqlalchemy
+
+    CELERY_BROKER_TRANSPORT_OPTIONS = {}
+    kombu.transport.sqlalchemy.Transport.polling_interval = env.float("CELERY_POLLING_INTERVAL", default=0.05)
+elif BROKER_IS_EMBEDDED:
     CELERY_BROKER_TRANSPORT_OPTIONS["polling_interval"] = env.float("CELERY_POLLING_INTERVAL", default=0.05)
 
 # --- autoplane --------------------------------------------------------------
@@ -204,4 +214,15 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
+
+# Housekeeping on Celery Beat (synced into django-celery-beat's tables by the
+# DatabaseScheduler). Each task is implemented by the app named in its name.
+CELERY_BEAT_SCHEDULE = {
+    "beat-heartbeat": {"task": "autoplane.beat_heartbeat", "schedule": 10.0},
+    "audit-checkpoint": {"task": "autoplane.audit_checkpoint", "schedule": float(AUTOPLANE_AUDIT_CHECKPOINT_SECONDS)},
+    "sweep-runs": {"task": "autoplane.sweep_runs", "schedule": float(AUTOPLANE_SWEEP_SECONDS)},
+    "expire-approvals": {"task": "autoplane.expire_approvals", "schedule": 30.0},
+    "purge-expired": {"task": "autoplane.purge_expired", "schedule": 3600.0},
+    "harvest-mcp-servers": {"task": "autoplane.harvest_mcp_servers", "schedule": 86400.0},
 }

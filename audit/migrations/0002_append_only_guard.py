@@ -28,7 +28,8 @@ SQLITE_REMOVE = ["DROP TRIGGER IF EXISTS audit_no_update;", "DROP TRIGGER IF EXI
 
 def install(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(PG_INSTALL)
+        # params=None: the SQL holds a literal '%' (RAISE's format), not a placeholder.
+        schema_editor.execute(PG_INSTALL, params=None)
     elif schema_editor.connection.vendor == "sqlite":
         for statement in SQLITE_INSTALL:
             schema_editor.execute(statement)
@@ -36,7 +37,7 @@ def install(apps, schema_editor):
 
 def remove(apps, schema_editor):
     if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(PG_REMOVE)
+        schema_editor.execute(PG_REMOVE, params=None)
     elif schema_editor.connection.vendor == "sqlite":
         for statement in SQLITE_REMOVE:
             schema_editor.execute(statement)

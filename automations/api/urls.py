@@ -1,3 +1,20 @@
 from __future__ import annotations
 
-urlpatterns: list = []
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("automations", views.AutomationList.as_view(), name="automation-list"),
+    path("automations/<uuid:pk>", views.AutomationDetail.as_view(), name="automation-detail"),
+    path("automations/<uuid:pk>/versions", views.AutomationVersions.as_view(), name="automation-versions"),
+    path("automations/<uuid:pk>/run", views.AutomationRun.as_view(), name="automation-run"),
+    path("runs", views.RunList.as_view(), name="run-list"),
+    path("runs/<uuid:pk>", views.RunDetail.as_view(), name="run-detail"),
+    path("runs/<uuid:pk>/cancel", views.RunCancel.as_view(), name="run-cancel"),
+    path("runs/<uuid:pk>/rerun", views.RunRerun.as_view(), name="run-rerun"),
+    path("runs/<uuid:pk>/resolve", views.RunResolve.as_view(), name="run-resolve"),
+    path("events", views.EventPublish.as_view(), name="event-publish"),
+    path("schema/definition", views.DefinitionSchema.as_view(), name="schema-definition"),
+    path("schema/filter", views.FilterSchema.as_view(), name="schema-filter"),
+]

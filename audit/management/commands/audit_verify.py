@@ -1,0 +1,26 @@
+"""``manage.py audit_verify``: walk the ledger; exit 1 naming the first broken link."""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+from audit.verify import verify_all
+
+
+class Command(BaseCommand):
+    help = (
+        "Verify the audit ledger: every hash, every prev_hash link, seq continuity, the chain heads and the "
+        "signed checkpoints. Exit 0 with the counts, or exit 1 naming the first broken link."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--chain", help="verify one chain only (e.g. ws-3 or platform)")
+
+    def handle(self, *args, chain: str | None, **options):
+        result = verify_all([chain] if chain else None)
+        if not result.ok:
+            raise CommandError(f"audit ledger BROKEN: {result.broken}", returncode=1)
+        self.stdout.write(
+            f"audit ledger OK: {result.events} events and {result.checkpoints} checkpoints verified "
+            f"in {len(result.chains)} chain(s)"
+        )

@@ -1,0 +1,13 @@
+"""Thin Celery tasks for the ledger: each calls a service."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from .checkpoints import checkpoint_write
+
+
+@shared_task(name="autoplane.audit_checkpoint", ignore_result=True, soft_time_limit=120, time_limit=180)
+def audit_checkpoint(chain: str | None = None) -> int:
+    """Beat runs this every AUTOPLANE_AUDIT_CHECKPOINT_SECONDS; a redelivery only re-signs an unmoved head."""
+    return len(checkpoint_write(chain))

@@ -1,0 +1,167 @@
+"""Walking the ledger: every hash recomputed, every link and checkpoint checked.
+
+A chain is intact when, in seq order from 1 without gaps, each event's stored
+hash equals :func:`audit.writer.event_hash` of its fields, each ``prev_hash``
+equals the previous event's hash (the genesis hash for seq 1), the head row
+agrees with the walk, and every checkpoint of the chain carries a valid
+signature and names an event that still exists with exactly the signed hash.
+The last check is what reveals a truncated tail, even when whoever deleted the
+rows also rewound the head row.
+
+Verification streams the events (``.iterator()``) and runs beside writers: the
+head and checkpoints are read first, so anything appended during the walk is
+either checked or left for the next run, never reported as broken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+
+from .checkpoints import checkpoint_signature_valid
+from .models import AuditChainHead, AuditCheckpoint, AuditEvent
+from .writer import GENESIS_HASH, HASHED_FIELDS, event_hash
+
+_CHUNK = 2000
+
+
+@dataclass(frozen=True)
+class BrokenLink:
+    chain: str
+    reason: str
+    event_id: int | None = None
+    seq: int | None = None
+    checkpoint_id: int | None = None
+
+    def __str__(self) -> str:
+        where = f"chain {self.chain}"
+        if self.event_id is not None:
+            where += f", event id {self.event_id} (seq {self.seq})"
+        elif self.seq is not None:
+            where += f", seq {self.seq}"
+        return f"{where}: {self.reason}"
+
+
+@dataclass
+class VerifyResult:
+    chains: list[str] = field(default_factory=list)
+    events: int = 0
+    checkpoints: int = 0
+    broken: BrokenLink | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.broken is None
+
+    def as_dict(self) -> dict:
+        return {
+            "ok": self.ok,
+            "chains": len(self.chains),
+            "events": self.events,
+            "checkpoints": self.checkpoints,
+            "broken": asdict(self.broken) if self.broken else None,
+        }
+
+    def merge(self, other: VerifyResult) -> None:
+        self.chains.extend(other.chains)
+        self.events += other.events
+        self.checkpoints += other.checkpoints
+        self.broken = self.broken or other.broken
+
+
+def verify_chain(chain: str) -> VerifyResult:
+    """Verify one chain; ``result.broken`` names the first broken link."""
+    result = VerifyResult(chains=[chain])
+
+    def broken(reason: str, **where) -> VerifyResult:
+        result.broken = BrokenLink(chain=chain, reason=reason, **where)
+        return result
+
+    head = AuditChainHead.objects.filter(chain=chain).values_list("seq", "head_hash").first()
+    checkpoints = list(AuditCheckpoint.objects.filter(chain=chain).order_by("seq", "id"))
+    for cp in checkpoints:
+        if not checkpoint_signature_valid(cp):
+            return broken(
+                f"checkpoint #{cp.id} has an invalid signature (key {cp.key_id or '?'})",
+                seq=cp.seq,
+                checkpoint_id=cp.id,
+            )
+
+    rows = (
+        AuditEvent.objects.filter(chain=chain)
+        .order_by("seq")
+        .values_list("id", "hash", *HASHED_FIELDS)
+        .iterator(chunk_size=_CHUNK)
+    )
+    expected_seq, prev_hash, last_id = 1, GENESIS_HASH, None
+    head_seen = head is None or head[0] == 0
+    pending = 0  # index of the next checkpoint to meet
+    for row in rows:
+        event_id, stored_hash = row[0], row[1]
+        fields = dict(zip(HASHED_FIELDS, row[2:], strict=True))
+        seq = fields["seq"]
+        if seq != expected_seq:
+            return broken(
+                f"seq gap: expected seq {expected_seq}, found {seq} (events missing before it)",
+                event_id=event_id,
+                seq=seq,
+            )
+        if event_hash(fields) != stored_hash:
+            return broken("content does not match its hash (the row was altered)", event_id=event_id, seq=seq)
+        if fields["prev_hash"] != prev_hash:
+            return broken("prev_hash does not match the previous event's hash", event_id=event_id, seq=seq)
+        while pending < len(checkpoints) and checkpoints[pending].seq == seq:
+            if checkpoints[pending].head_hash != stored_hash:
+                cp = checkpoints[pending]
+                return broken(
+                    f"hash differs from the one signed in checkpoint #{cp.id}",
+                    event_id=event_id,
+                    seq=seq,
+                    checkpoint_id=cp.id,
+                )
+            result.checkpoints += 1
+            pending += 1
+        if head is not None and seq == head[0]:
+            if stored_hash != head[1]:
+                return broken(
+                    "chain head row names a different hash for this seq", event_id=event_id, seq=seq
+                )
+            head_seen = True
+        result.events += 1
+        expected_seq, prev_hash, last_id = seq + 1, stored_hash, event_id
+
+    last_seq = expected_seq - 1
+    if pending < len(checkpoints):
+        cp = checkpoints[-1]
+        return broken(
+            f"chain no longer reaches checkpoint #{cp.id}: it was signed at seq {cp.seq} "
+            f"({cp.created_at.isoformat()}) but the chain ends at seq {last_seq} (tail truncated)",
+            seq=cp.seq,
+            checkpoint_id=cp.id,
+        )
+    if not head_seen:
+        return broken(
+            f"chain head row says seq {head[0]} but the chain ends at seq {last_seq} (tail truncated)",
+            event_id=last_id,
+            seq=last_seq if last_id else None,
+        )
+    if head is None and last_id is not None:
+        return broken("chain head row is missing", event_id=last_id, seq=last_seq)
+    return result
+
+
+def all_chains() -> list[str]:
+    chains: set[str] = set(AuditChainHead.objects.values_list("chain", flat=True))
+    chains.update(AuditCheckpoint.objects.order_by().values_list("chain", flat=True).distinct())
+    chains.update(AuditEvent.objects.order_by().values_list("chain", flat=True).distinct())
+    return sorted(chains)
+
+
+def verify_all(chains: Iterable[str] | None = None) -> VerifyResult:
+    """Verify ``chains`` (default: every chain in the ledger), stopping at the first broken one."""
+    result = VerifyResult()
+    for chain in all_chains() if chains is None else sorted(set(chains)):
+        result.merge(verify_chain(chain))
+        if not result.ok:
+            break
+    return result

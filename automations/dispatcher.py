@@ -1,0 +1,249 @@
+"""The one path from "fire" (any trigger, or "Run now") to a queued Run (SPEC §7.1).
+
+1. resolve inputs (payload, defaults incl. ``$`` tokens) and validate them;
+2. estimate cost and refuse above ``budget_cap_usd``;
+3. dedupe (idempotency key / schedule slot);
+4. apply the concurrency policy under a row lock on the automation;
+5. snapshot the definition into a new Run (``queued``, with a ``trace_id``);
+6. enqueue ``execute_run`` after commit on the run's duration-class queue.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from jsonschema import Draft202012Validator
+
+from audit import writer
+from audit.models import Outcome
+from config.celery import QUEUE_FAST, QUEUE_LONG, QUEUE_MEDIUM
+
+from . import definition as defs
+from .expressions import template
+from .models import ACTIVE_RUN_STATUSES, Automation, DispatchKey, Run, RunStatus
+
+MAX_CHAIN_DEPTH = 8
+DEDUPE_WINDOW = timedelta(hours=24)
+FAST_BELOW_SECONDS = 10
+MEDIUM_BELOW_SECONDS = 300
+
+
+class DispatchError(Exception):
+    def __init__(self, code: str, message: str, http_status: int = 400, errors: list[dict] | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.http_status = http_status
+        self.errors = errors
+
+
+@dataclass
+class Dedupe:
+    scope: str  # the trigger's id, or "manual:<automation id>"
+    key: str
+    request_hash: str = ""
+
+
+@dataclass
+class DispatchRequest:
+    automation_id: Any
+    inputs: dict[str, Any] = field(default_factory=dict)
+    trigger_type: str = "manual"
+    trigger_key: str = ""
+    trigger_id: Any = None
+    trigger_payload: dict[str, Any] = field(default_factory=dict)
+    triggered_by: str = "system"
+    dedupe: Dedupe | None = None
+    trace_id: str | None = None
+    parent_run_id: Any = None
+    chain_depth: int = 0
+    last_fired_at: datetime | None = None
+
+
+@dataclass
+class DispatchResult:
+    run: Run | None
+    created: bool = False
+    deduplicated: bool = False
+    suppressed: bool = False
+
+
+def request_hash(body: Any) -> str:
+    return hashlib.sha256(writer.canonical_json(body).encode()).hexdigest()
+
+
+def queue_for(snapshot: dict[str, Any], workspace_id: int) -> str:
+    steps = list(snapshot["plan"]) + list((snapshot.get("execution") or {}).get("on_failure") or [])
+    longest = max((defs.step_duration_seconds(step, workspace_id) for step in steps), default=1.0)
+    if longest < FAST_BELOW_SECONDS:
+        return QUEUE_FAST
+    if longest < MEDIUM_BELOW_SECONDS:
+        return QUEUE_MEDIUM
+    return QUEUE_LONG
+
+
+def resolve_inputs(snapshot: dict[str, Any], given: dict[str, Any], request: DispatchRequest) -> dict[str, Any]:
+    schema = (snapshot.get("inputs") or {}).get("schema") or {"type": "object"}
+    inputs = dict(given)
+    tokens = {
+        "$now": timezone.now().isoformat(),
+        "$last_fired_at": request.last_fired_at.isoformat() if request.last_fired_at else None,
+        "$creator": request.triggered_by,
+    }
+    for name, prop in (schema.get("properties") or {}).items():
+        if name in inputs or not isinstance(prop, dict) or "default" not in prop:
+            continue
+        default = prop["default"]
+        if isinstance(default, str) and default in tokens:
+            if tokens[default] is not None:
+                inputs[name] = tokens[default]
+        else:
+            inputs[name] = default
+    errors = [
+        {"path": "/inputs" + "".join(f"/{p}" for p in e.absolute_path), "code": "invalid_input",
+         "message": e.message[:300]}
+        for e in Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER).iter_errors(inputs)
+    ]  # fmt: skip
+    if errors:
+        raise DispatchError("INVALID_ARGUMENT", "inputs do not match the automation's input schema", errors=errors)
+    return inputs
+
+
+def estimate_cost(snapshot: dict[str, Any], workspace_id: int) -> Decimal:
+    total = Decimal("0")
+    for step in snapshot["plan"]:
+        capability = defs.describe_step(step, workspace_id)
+        if capability is not None:
+            try:
+                total += capability.estimate_cost(step.get("config") or {})
+            except Exception:  # an estimate that needs rendered values counts as unknown (0)
+                continue
+    return total
+
+
+def _concurrency_key(snapshot: dict[str, Any], inputs: dict[str, Any], payload: dict[str, Any]) -> str:
+    source = (snapshot.get("execution") or {}).get("concurrency_key")
+    if not source:
+        return ""
+    try:
+        value = template.render(source, {"inputs": inputs, "trigger": payload})
+    except template.TemplateError as exc:
+        raise DispatchError(exc.code, f"concurrency_key: {exc.message}") from None
+    return str(value)[:200]
+
+
+def _claim_dedupe(dedupe: Dedupe) -> DispatchResult | None:
+    """Insert the dedupe row; if the key is already taken, answer as the original run did."""
+    now = timezone.now()
+    DispatchKey.objects.filter(scope=dedupe.scope, key=dedupe.key, expires_at__lt=now).delete()
+    try:
+        with transaction.atomic():
+            DispatchKey.objects.create(
+                scope=dedupe.scope, key=dedupe.key, request_hash=dedupe.request_hash,
+                expires_at=now + DEDUPE_WINDOW,
+            )  # fmt: skip
+        return None
+    except IntegrityError:
+        existing = DispatchKey.objects.filter(scope=dedupe.scope, key=dedupe.key).first()
+    if existing is None or existing.run_id is None:
+        raise DispatchError("CONFLICT", "a request with this idempotency key is still being processed", 409)
+    if dedupe.request_hash and existing.request_hash != dedupe.request_hash:
+        raise DispatchError("UNPROCESSABLE", "idempotency key reused with a different request body", 422)
+    return DispatchResult(run=Run.objects.get(pk=existing.run_id), deduplicated=True)
+
+
+def dispatch(request: DispatchRequest) -> DispatchResult:
+    if request.chain_depth >= MAX_CHAIN_DEPTH:
+        raise DispatchError("POLICY_VIOLATION", f"event chain deeper than {MAX_CHAIN_DEPTH} automations", 409)
+    automation = Automation.objects.filter(pk=request.automation_id).first()
+    if automation is None:
+        raise DispatchError("NOT_FOUND", "automation not found", 404)
+    snapshot = automation.definition
+    inputs = resolve_inputs(snapshot, request.inputs, request)
+    execution = snapshot.get("execution") or {}
+    cap = execution.get("budget_cap_usd")
+    if cap is not None and estimate_cost(snapshot, automation.workspace_id) > Decimal(str(cap)):
+        raise DispatchError("BUDGET_EXCEEDED", "estimated cost exceeds the automation's budget cap", 422)
+    concurrency_key = _concurrency_key(snapshot, inputs, request.trigger_payload)
+    trace_id = request.trace_id or uuid.uuid4().hex
+
+    with transaction.atomic():
+        if request.dedupe is not None:
+            replay = _claim_dedupe(request.dedupe)
+            if replay is not None:
+                return replay
+        automation = Automation.objects.select_for_update().get(pk=automation.pk)
+        snapshot = automation.definition
+        policy = execution.get("concurrency", "allow_parallel")
+        max_concurrent = execution.get("max_concurrent", 1 if policy != "allow_parallel" else None)
+        active = Run.objects.filter(
+            automation=automation, concurrency_key=concurrency_key, status__in=ACTIVE_RUN_STATUSES
+        )
+        active_count = active.count() if max_concurrent is not None else 0
+        actor_refs = {"automation": str(automation.pk), "trigger": str(request.trigger_id or "")}
+        if policy == "drop_if_running" and active_count >= max_concurrent:
+            writer.append(
+                trace_id=trace_id, type="run.suppressed", outcome=Outcome.SUPPRESSED,
+                summary=f"{automation.name}: dropped, a run is already active (drop_if_running)",
+                workspace_id=automation.workspace_id, actor=request.triggered_by, refs=actor_refs,
+                payload={"trigger_type": request.trigger_type, "concurrency_key": concurrency_key},
+            )  # fmt: skip
+            if request.dedupe is not None:
+                DispatchKey.objects.filter(scope=request.dedupe.scope, key=request.dedupe.key).delete()
+            return DispatchResult(run=None, suppressed=True)
+        hold = max_concurrent is not None and (
+            active_count >= max_concurrent or active.filter(enqueued_at__isnull=True).exists()
+        )
+        now = timezone.now()
+        run = Run.objects.create(
+            workspace_id=automation.workspace_id,
+            automation=automation,
+            automation_version=automation.version,
+            snapshot=snapshot,
+            status=RunStatus.QUEUED,
+            inputs=inputs,
+            trigger_type=request.trigger_type,
+            trigger_key=request.trigger_key,
+            trigger_id=request.trigger_id,
+            trigger_payload=request.trigger_payload,
+            triggered_by=request.triggered_by,
+            trace_id=trace_id,
+            parent_run_id=request.parent_run_id,
+            chain_depth=request.chain_depth,
+            concurrency_key=concurrency_key,
+            queue=queue_for(snapshot, automation.workspace_id),
+            enqueued_at=None if hold else now,
+        )
+        if request.dedupe is not None:
+            DispatchKey.objects.filter(scope=request.dedupe.scope, key=request.dedupe.key).update(run=run)
+        writer.append(
+            trace_id=trace_id, type="run.created",
+            summary=f"{automation.name} v{automation.version}: run created by {request.trigger_type}"
+            + (" (queued behind an active run)" if hold else ""),
+            workspace_id=automation.workspace_id, actor=request.triggered_by,
+            refs={**actor_refs, "run": str(run.pk), "parent_run": str(request.parent_run_id or "")},
+            payload={"trigger_type": request.trigger_type, "trigger_key": request.trigger_key,
+                     "queue": run.queue, "inputs": inputs, "held": hold},
+        )  # fmt: skip
+        if not hold:
+            enqueue_on_commit(run)
+    return DispatchResult(run=run, created=True)
+
+
+def enqueue_on_commit(run: Run, countdown: float | None = None) -> None:
+    from .tasks import execute_run
+
+    run_id, queue = str(run.pk), run.queue
+    transaction.on_commit(lambda: execute_run.apply_async(args=[run_id], queue=queue, countdown=countdown))
+
+
+def purge_dispatch_keys() -> int:
+    deleted, _ = DispatchKey.objects.filter(expires_at__lt=timezone.now()).delete()
+    return deleted

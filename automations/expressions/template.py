@@ -1,0 +1,822 @@
+"""Templates (SPEC §4): the one sandboxed Jinja environment everything renders through.
+
+Pure module, no Django. Templates are untrusted (people and LLMs write them), so on top of
+Jinja's immutable sandbox this module: allows no globals, a curated list of filters and tests
+and a short list of methods; rejects `_`-prefixed attributes, `str.format` and loader tags
+before compiling; refuses operations whose result would pass the output cap before they
+allocate (at compile time too: Jinja folds nothing that could grow); and stops a render that
+runs past its CPU budget from hooks the sandbox calls on every attribute, item, call,
+operator, output and loop iteration. Every failure leaves as `TemplateError` with a message
+that is safe to show a user or an LLM.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import re
+import time
+import types
+import unicodedata
+from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import UTC, date, datetime
+from typing import Any, NamedTuple
+
+from jinja2 import Template, nodes, pass_context
+from jinja2 import exceptions as jinja_errors
+from jinja2.runtime import LoopContext, Macro, StrictUndefined, Undefined
+from jinja2.sandbox import ImmutableSandboxedEnvironment, is_internal_attribute, modifies_known_mutable
+from jinja2.tests import TESTS as JINJA_TESTS
+from jinja2.utils import missing
+
+logger = logging.getLogger(__name__)
+
+MAX_SOURCE_BYTES = 8 * 1024
+MAX_OUTPUT_BYTES = 1024 * 1024
+RENDER_BUDGET_SECONDS = 0.1
+# The budget is measured on the rendering thread's CPU clock, so a busy machine does not fail
+# good templates; the wall clock is only a backstop.
+WALL_BACKSTOP_SECONDS = 0.5
+MAX_ALLOCATED_BYTES = 16 * MAX_OUTPUT_BYTES  # everything one render may build, all values together
+MAX_INT_BITS = 4096
+MAX_NESTING = 64
+MAX_SLUG_INPUT = 10_000
+
+_OUTPUT_LIMIT = "template output would exceed 1 MB"
+
+
+class TemplateError(Exception):
+    """A template that cannot be used; `message` is safe to show a user or an LLM."""
+
+    code = "TEMPLATE_ERROR"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class TemplateLimitError(TemplateError):
+    code = "TEMPLATE_LIMIT"
+
+
+def _forbidden(name: Any) -> TemplateError:
+    return TemplateError(f"template uses a forbidden attribute {str(name)[:40]!r}")
+
+
+# -- budget ----------------------------------------------------------------------------------
+
+
+class _Budget:
+    __slots__ = ("allocated", "cpu_deadline", "message", "ticks", "wall_deadline")
+
+    def __init__(self, doing: str, seconds: float) -> None:
+        self.cpu_deadline = time.thread_time() + seconds
+        self.wall_deadline = time.monotonic() + seconds * WALL_BACKSTOP_SECONDS / RENDER_BUDGET_SECONDS
+        self.message = f"template {doing} exceeded {seconds * 1000:.0f} ms"
+        self.ticks = 0
+        self.allocated = 0
+
+
+_BUDGET: ContextVar[_Budget | None] = ContextVar("template_budget", default=None)
+
+
+def _tick() -> None:
+    budget = _BUDGET.get()
+    if budget is None:
+        return
+    budget.ticks += 1
+    if budget.ticks & 7 == 0 and (
+        time.thread_time() > budget.cpu_deadline or time.monotonic() > budget.wall_deadline
+    ):
+        raise TemplateLimitError(budget.message)
+
+
+def _reserve(size: int) -> None:
+    """Account for a value about to be built; refuse it before it is allocated."""
+    if size > MAX_OUTPUT_BYTES:
+        raise TemplateLimitError(_OUTPUT_LIMIT)
+    budget = _BUDGET.get()
+    if budget is not None:
+        budget.allocated += size
+        if budget.allocated > MAX_ALLOCATED_BYTES:
+            raise TemplateLimitError("template built more than 16 MB of values")
+
+
+# -- values ----------------------------------------------------------------------------------
+
+
+def _check_text(text: str) -> None:
+    if "\x00" in text:
+        raise TemplateError("template produced a NUL character")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise TemplateError("template produced invalid Unicode text") from None
+
+
+def _walk(value: Any, limit: int = MAX_OUTPUT_BYTES, indent: int = 0) -> tuple[Any, int]:
+    """A JSON-safe copy of `value` and its approximate JSON size; refuses sizes over `limit`."""
+    size = 0
+
+    def charge(cost: int) -> None:
+        nonlocal size
+        size += cost
+        if size > limit:
+            raise TemplateLimitError(_OUTPUT_LIMIT)
+
+    def copy(item: Any, depth: int) -> Any:
+        if depth > MAX_NESTING:
+            raise TemplateLimitError("value is nested too deeply")
+        _tick()
+        charge(2 + depth * indent)
+        if isinstance(item, Undefined):
+            item._fail_with_undefined_error()
+        if isinstance(item, str):
+            _check_text(item)
+            charge(len(item))
+            return str(item)
+        if item is None or isinstance(item, bool):
+            charge(3)
+            return item
+        if isinstance(item, int):
+            if item.bit_length() > MAX_INT_BITS:
+                raise TemplateLimitError("number is too large")
+            charge(item.bit_length() // 3)
+            return int(item)
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                raise TemplateError("template produced a number that is not finite")
+            charge(22)
+            return float(item)
+        if isinstance(item, datetime | date):
+            charge(32)
+            return item.isoformat()
+        if isinstance(item, Mapping):
+            result = {}
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    if not isinstance(key, int) or isinstance(key, bool):
+                        raise TemplateError("template produced an object key that is not text")
+                    key = str(key)
+                charge(len(key) + 4)
+                result[key] = copy(child, depth + 1)
+            return result
+        if isinstance(item, list | tuple | KeysView | ValuesView | ItemsView):
+            return [copy(child, depth + 1) for child in item]
+        raise TemplateError("template produced a value that cannot be represented as JSON")
+
+    return copy(value, 0), size
+
+
+def _to_json(value: Any) -> Any:
+    return _walk(value)[0]
+
+
+def _dumps(value: Any, indent: int | None = None) -> str:
+    plain = _walk(value, indent=indent or 0)[0]
+    text = json.dumps(plain, ensure_ascii=False, allow_nan=False, indent=indent)
+    _reserve(len(text))
+    return text
+
+
+def _text(value: Any) -> str:
+    """How a value reads inside text: strings as they are, everything else as JSON."""
+    return value if isinstance(value, str) else _dumps(value)
+
+
+def _output(value: Any) -> str:  # the environment's `finalize`: every `{{ }}` goes through it
+    _tick()
+    return _text(value)
+
+
+def _size(value: Any, limit: int) -> int:
+    if isinstance(value, str):
+        if len(value) > limit:
+            raise TemplateLimitError(_OUTPUT_LIMIT)
+        return len(value)
+    return _walk(value, limit)[1]
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int)  # bool included, as Python does
+
+
+def _check_binop(operator: str, left: Any, right: Any) -> None:
+    """Refuse an operator whose result would be too large, before computing it."""
+    if operator == "**" and _is_int(left) and _is_int(right) and right > 0 and abs(left) > 1:
+        # a huge int power runs in C holding the GIL: nothing could stop it once started
+        if right > MAX_INT_BITS or right * math.log2(abs(left)) > MAX_INT_BITS:
+            raise TemplateLimitError("number would be too large")
+    elif operator == "*":
+        if _is_int(left) and _is_int(right):
+            if left.bit_length() + right.bit_length() > MAX_INT_BITS:
+                raise TemplateLimitError("number would be too large")
+            return
+        sequence, count = (left, right) if _is_int(right) else (right, left)
+        if _is_int(count) and count > 0 and isinstance(sequence, str | list | tuple):
+            _reserve(_size(sequence, MAX_OUTPUT_BYTES // count) * count)
+    elif operator == "+" and isinstance(left, str | list | tuple) and isinstance(right, str | list | tuple):
+        _reserve(_size(left, MAX_OUTPUT_BYTES) + _size(right, MAX_OUTPUT_BYTES))
+
+
+_PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d*))?(.)?", re.DOTALL)
+
+
+def _percent_format(template: str, args: Any) -> str:
+    """`'%.2f' % price`, with bounded widths and only strings and numbers as arguments."""
+    values = args if isinstance(args, tuple) else (args,)
+    if not all(value is None or isinstance(value, str | int | float) for value in values):
+        raise TemplateError("the % operator only formats strings and numbers")
+    estimate = len(template)
+    for width, precision, conversion in _PERCENT_SPEC.findall(template):
+        if conversion not in "sdifFeEgGxXoc%" or "*" in (width, precision):
+            raise TemplateError("the % operator supports only plain conversions like %s, %d and %.2f")
+        if len(width) > 3 or len(precision) > 3 or int(width or 0) > 100 or int(precision or 0) > 100:
+            raise TemplateLimitError("format width and precision are limited to 100")
+        estimate += 200
+    for value in values:
+        estimate += len(value) if isinstance(value, str) else 330 if isinstance(value, float) else 8
+        if _is_int(value):
+            estimate += value.bit_length() // 3
+    _reserve(estimate)
+    return template % args
+
+
+# -- filters ---------------------------------------------------------------------------------
+
+
+def _filter(func: Any, accepts_undefined: bool = False) -> Any:
+    # Filters take the context only so that Jinja never runs them while compiling (constant
+    # folding), where no budget applies.
+    @pass_context
+    @functools.wraps(func)
+    def run(_context: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
+        _tick()
+        if isinstance(value, Undefined) and not accepts_undefined:
+            value._fail_with_undefined_error()
+        return func(value, *args, **kwargs)
+
+    return run
+
+
+def _default(value: Any, default_value: Any = "", boolean: bool = False) -> Any:
+    return default_value if isinstance(value, Undefined) or (boolean and not value) else value
+
+
+def _join(value: Any, separator: Any = "") -> str:
+    separator = _text(separator)
+    parts, size = [], 0
+    for item in value:
+        _tick()
+        part = _text(item)
+        size += len(part) + len(separator)
+        if size > MAX_OUTPUT_BYTES:
+            raise TemplateLimitError(_OUTPUT_LIMIT)
+        parts.append(part)
+    _reserve(size)
+    return separator.join(parts)
+
+
+def _truncate(
+    value: Any, length: int = 255, killwords: bool = False, end: str = "...", leeway: int = 5
+) -> str:
+    text, end = _text(value), _text(end)
+    if length < len(end) or leeway < 0:
+        raise TemplateError("truncate: length must be at least the length of the end marker")
+    if len(text) <= length + leeway:
+        return text
+    cut = text[: length - len(end)]
+    return (cut if killwords else cut.rsplit(" ", 1)[0]) + end
+
+
+def _tojson(value: Any, indent: int | None = None) -> str:
+    if indent is not None and not (_is_int(indent) and 0 <= indent <= 8):
+        raise TemplateError("tojson: indent must be between 0 and 8")
+    return _dumps(value, indent)
+
+
+_DATE_FORMAT = re.compile(r"(?:[^%]|%[aAbBcdfGHIjmMpSuUVwWxXyYzZ%])*")
+
+
+def _date(value: Any, format: str = "%Y-%m-%d") -> str:
+    try:
+        if isinstance(value, str):
+            value = datetime.fromisoformat(value.strip()[:64])
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            value = datetime.fromtimestamp(value, tz=UTC)
+    except (ValueError, OverflowError, OSError):
+        value = None
+    if not isinstance(value, date):
+        raise TemplateError("date: expected a date, a datetime, ISO 8601 text or a Unix timestamp")
+    if not isinstance(format, str) or len(format) > 64 or not _DATE_FORMAT.fullmatch(format):
+        raise TemplateError("date: the format may use only plain strftime codes like %Y-%m-%d %H:%M")
+    return value.strftime(format)
+
+
+def _replace(value: Any, old: Any, new: Any, count: int | None = None) -> str:
+    text, old, new = _text(value), _text(old), _text(new)
+    if count is not None and not _is_int(count):
+        raise TemplateError("replace: count must be a number")
+    hits = len(text) + 1 if not old else text.count(old)
+    if count is not None and count >= 0:
+        hits = min(hits, count)
+    _reserve(len(text) + hits * max(len(new) - len(old), 0))
+    return text.replace(old, new, -1 if count is None else count)
+
+
+_SLUG_JUNK = re.compile(r"[^a-z0-9]+")
+
+
+def _slugify(value: Any) -> str:
+    text = _text(value)
+    if len(text) > MAX_SLUG_INPUT:
+        raise TemplateLimitError(f"slugify: text is longer than {MAX_SLUG_INPUT} characters")
+    text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+    return _SLUG_JUNK.sub("-", text.lower()).strip("-")
+
+
+def _first(value: Any) -> Any:
+    for item in value:
+        return item
+    return _Undefined(hint="first: the sequence is empty")
+
+
+def _last(value: Any) -> Any:
+    items = value if isinstance(value, str | list | tuple) else list(value)
+    return items[-1] if items else _Undefined(hint="last: the sequence is empty")
+
+
+def _sort(value: Any, reverse: bool = False, case_sensitive: bool = False, attribute: Any = None) -> list:
+    path = () if attribute is None else str(attribute).split(".")
+
+    def key(item: Any) -> Any:
+        _tick()
+        for part in path:
+            item = _ENV.getitem(item, int(part) if part.isdigit() else part)
+        return item if case_sensitive or not isinstance(item, str) else item.lower()
+
+    items = list(value)
+    try:
+        return sorted(items, key=key, reverse=bool(reverse))
+    except TypeError:
+        raise TemplateError("sort: these values cannot be compared with each other") from None
+
+
+def _reverse(value: Any) -> Any:
+    return value[::-1] if isinstance(value, str) else list(value)[::-1]
+
+
+def _round(value: Any, precision: int = 0, method: str = "common") -> Any:
+    if not _is_int(precision) or abs(precision) > 20 or method not in ("common", "ceil", "floor"):
+        raise TemplateError("round: precision must be -20..20 and method common, ceil or floor")
+    if method == "common":
+        return round(value, precision)
+    return (math.ceil if method == "ceil" else math.floor)(value * 10**precision) / 10**precision
+
+
+def _int(value: Any, default: Any = 0, base: int = 10) -> Any:
+    if isinstance(value, str) and len(value) > 100:
+        return default
+    try:
+        return int(value, base) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError, OverflowError):
+        try:
+            return int(float(value))
+        except (TypeError, ValueError, OverflowError):
+            return default
+
+
+def _float(value: Any, default: Any = 0.0) -> Any:
+    if isinstance(value, str) and len(value) > 100:
+        return default
+    try:
+        return float(value)
+    except (TypeError, ValueError, OverflowError):
+        return default
+
+
+_FILTERS = {
+    "join": _filter(_join),
+    "length": _filter(len),
+    "default": _filter(_default, accepts_undefined=True),
+    "d": _filter(_default, accepts_undefined=True),
+    "upper": _filter(lambda value: _text(value).upper()),
+    "lower": _filter(lambda value: _text(value).lower()),
+    "trim": _filter(lambda value, chars=None: _text(value).strip(None if chars is None else _text(chars))),
+    "truncate": _filter(_truncate),
+    "tojson": _filter(_tojson),
+    "date": _filter(_date),
+    "replace": _filter(_replace),
+    "slugify": _filter(_slugify),
+    "first": _filter(_first),
+    "last": _filter(_last),
+    "sort": _filter(_sort),
+    "reverse": _filter(_reverse),
+    "abs": _filter(abs),
+    "round": _filter(_round),
+    "int": _filter(_int),
+    "float": _filter(_float),
+    "string": _filter(_text),
+}
+ALLOWED_FILTERS: frozenset[str] = frozenset(_FILTERS)
+ALLOWED_TESTS: frozenset[str] = frozenset(
+    {"defined", "none", "number", "string", "mapping", "sequence", "boolean"}
+)
+
+# Methods a template may call. Everything else callable (str.format, str.center, int.to_bytes,
+# dict.update...) is refused: a whitelist, because a blacklist misses the next CVE.
+_SAFE_METHODS: tuple[tuple[Any, frozenset[str]], ...] = (
+    (
+        str,
+        frozenset(
+            "capitalize casefold count endswith find isalnum isalpha isdigit islower isspace isupper lower"
+            " lstrip partition removeprefix removesuffix rfind rpartition rsplit rstrip split splitlines"
+            " startswith strip title upper".split()
+        ),
+    ),
+    (Mapping, frozenset({"get", "items", "keys", "values"})),
+    (list | tuple, frozenset({"count", "index"})),
+    (LoopContext, frozenset({"changed", "cycle"})),
+)
+_HOOKS = frozenset({"tick", "join_operands"})
+
+
+def _method_allowed(owner: Any, name: str) -> bool:
+    for kind, names in _SAFE_METHODS:
+        if isinstance(owner, kind):
+            return name in names
+    return False
+
+
+class _Undefined(StrictUndefined):
+    __slots__ = ()
+
+    @property
+    def _undefined_message(self) -> str:
+        if self._undefined_hint:
+            return self._undefined_hint
+        name = self._undefined_name
+        shown = repr(name[:64]) if isinstance(name, str) else str(name) if _is_int(name) else ""
+        if self._undefined_obj is missing:
+            return f"undefined variable {shown}"
+        return f"undefined {'attribute' if isinstance(name, str) else 'item'} {shown}".rstrip()
+
+
+class _Environment(ImmutableSandboxedEnvironment):
+    # Intercepting every arithmetic operator also keeps Jinja from folding it at compile time.
+    intercepted_binops = frozenset({"+", "-", "*", "/", "//", "%", "**"})
+
+    def __init__(self) -> None:
+        super().__init__(
+            undefined=_Undefined, finalize=_output, keep_trailing_newline=True, optimized=False, cache_size=0
+        )
+        self.globals.clear()
+        self.filters = dict(_FILTERS)
+        self.tests = {name: JINJA_TESTS[name] for name in ALLOWED_TESTS}
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        if attr.startswith("_") or is_internal_attribute(obj, attr) or modifies_known_mutable(obj, attr):
+            return False
+        return not callable(value) or _method_allowed(obj, attr)
+
+    def wrap_str_format(self, value: Any) -> None:
+        return None  # str.format is not wrapped but refused, by is_safe_attribute
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        _tick()
+        if attribute.startswith("_"):
+            raise _forbidden(attribute)
+        if isinstance(obj, Mapping) and attribute in obj:  # data first: `order.items` is the key
+            return obj[attribute]
+        try:
+            value = getattr(obj, attribute)
+        except AttributeError:
+            try:
+                return obj[attribute]
+            except (TypeError, LookupError):
+                return self.undefined(obj=obj, name=attribute)
+        if not self.is_safe_attribute(obj, attribute, value):
+            raise _forbidden(attribute)
+        return value
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        _tick()
+        try:
+            return obj[argument]
+        except (TypeError, LookupError):
+            if not isinstance(argument, str):
+                return self.undefined(obj=obj, name=argument)
+        if argument.startswith("_"):
+            raise _forbidden(argument)
+        try:
+            value = getattr(obj, argument)
+        except AttributeError:
+            return self.undefined(obj=obj, name=argument)
+        if not self.is_safe_attribute(obj, argument, value):
+            raise _forbidden(argument)
+        return value
+
+    def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
+        _tick()
+        if isinstance(obj, Undefined):
+            obj._fail_with_undefined_error()
+        if isinstance(obj, types.BuiltinMethodType | types.MethodType):
+            owner = obj.__self__
+            allowed = obj.__name__ in _HOOKS if owner is self else _method_allowed(owner, obj.__name__)
+        else:
+            allowed = isinstance(obj, Macro | LoopContext)
+        if not allowed:
+            raise TemplateError("template calls something that is not a permitted function")
+        return context.call(obj, *args, **kwargs)
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        _tick()
+        if operator == "%" and isinstance(left, str):
+            return _percent_format(left, right)
+        _check_binop(operator, left, right)
+        return self.binop_table[operator](left, right)
+
+    def concat(self, pieces: Any) -> str:  # type: ignore[override]  # buffers of macros and blocks
+        pieces = list(pieces)
+        _reserve(sum(map(len, pieces)))
+        return "".join(pieces)
+
+    def join_operands(self, *values: Any) -> str:  # the `~` operator
+        _tick()
+        parts = [_text(value) for value in values]
+        _reserve(sum(map(len, parts)))
+        return "".join(parts)
+
+    def tick(self) -> bool:  # called at every loop iteration
+        _tick()
+        return True
+
+
+_ENV = _Environment()
+
+# -- compiling -------------------------------------------------------------------------------
+
+_FORBIDDEN_TAGS = (
+    nodes.Extends,
+    nodes.Include,
+    nodes.Import,
+    nodes.FromImport,
+    nodes.Block,
+    nodes.NSRef,
+    nodes.EvalContextModifier,
+)
+_RESERVED_NAMES = frozenset({"self", "super", "range", "lipsum", "cycler", "joiner", "namespace", "dict"})
+_LITERAL_SAMPLES: dict[type, Any] = {nodes.List: [], nodes.Dict: {}, nodes.Tuple: ()}  # non-constant items
+
+
+def _check_attribute(target: nodes.Node, attr: str) -> None:
+    if attr.startswith("_"):
+        raise _forbidden(attr)
+    sample = _fold(target)
+    if sample is missing:
+        sample = _LITERAL_SAMPLES.get(type(target), missing)
+    if sample is not missing:  # a literal: the attribute can be judged now
+        value = getattr(sample, attr, missing)
+        if value is not missing and not _ENV.is_safe_attribute(sample, attr, value):
+            raise _forbidden(attr)
+
+
+def _fold(node: nodes.Node, depth: int = 0) -> Any:
+    """The value of literal arithmetic (`'a' * 10**9`), computed under the render-time guards,
+    so that save-time validation already refuses literal bombs; `missing` if not literal."""
+    if isinstance(node, nodes.Const):
+        return node.value
+    if isinstance(node, nodes.List | nodes.Tuple) and depth < MAX_NESTING:
+        items = [_fold(item, depth + 1) for item in node.items]
+        if missing not in items:
+            return items if isinstance(node, nodes.List) else tuple(items)
+    if isinstance(node, nodes.BinExpr) and node.operator in _ENV.binop_table and depth < MAX_NESTING:
+        left, right = _fold(node.left, depth + 1), _fold(node.right, depth + 1)
+        if left is not missing and right is not missing:
+            try:
+                return _ENV.call_binop(None, node.operator, left, right)
+            except TemplateError:
+                raise
+            except Exception:  # 1/0, 'a' - 1...: left for render time to report
+                return missing
+    return missing
+
+
+def _check_node(node: nodes.Node) -> None:
+    if isinstance(node, _FORBIDDEN_TAGS):
+        raise TemplateError(
+            "template uses a tag that is not available (extends/include/import/block/namespace)"
+        )
+    if isinstance(node, nodes.Filter) and node.name not in ALLOWED_FILTERS:
+        raise TemplateError(f"filter {node.name[:40]!r} is not allowed")
+    if isinstance(node, nodes.Test) and node.name not in ALLOWED_TESTS:
+        raise TemplateError(f"test {node.name[:40]!r} is not allowed")
+    if isinstance(node, nodes.Name) and (node.name.startswith("__") or node.name in _RESERVED_NAMES):
+        raise TemplateError(f"name {node.name[:40]!r} is not available in templates")
+    if isinstance(node, nodes.Getattr):
+        _check_attribute(node.node, node.attr)
+    if (
+        isinstance(node, nodes.Getitem)
+        and isinstance(node.arg, nodes.Const)
+        and isinstance(node.arg.value, str)
+    ):
+        _check_attribute(node.node, node.arg.value)
+    if isinstance(node, nodes.Call) and isinstance(node.node, nodes.Getattr):
+        if node.node.attr in ("format", "format_map"):
+            raise _forbidden(node.node.attr)
+    if isinstance(node, nodes.BinExpr):
+        _fold(node)
+
+
+def _hook(name: str, lineno: int) -> nodes.Call:
+    return nodes.Call(nodes.EnvironmentAttribute(name, lineno=lineno), [], [], None, None, lineno=lineno)
+
+
+def _prepare(ast: nodes.Template) -> None:
+    """Check every node, then route `~` and loop iterations through the environment's hooks.
+
+    Iterative, so a pathologically deep tree fails on the depth limit, not the stack.
+    """
+    stack: list[tuple[nodes.Node, int]] = [(ast, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_NESTING:
+            raise TemplateLimitError("template is nested too deeply")
+        _check_node(node)
+        for field, value in node.iter_fields():
+            children = value if isinstance(value, list) else [value]
+            for index, child in enumerate(children):
+                if not isinstance(child, nodes.Node):
+                    continue
+                stack.append((child, depth + 1))
+                if isinstance(child, nodes.Concat):  # shares its operand list with the call
+                    hook = _hook("join_operands", child.lineno)
+                    hook.args = child.nodes
+                    if value is children:
+                        children[index] = hook
+                    else:
+                        setattr(node, field, hook)
+        if isinstance(node, nodes.For):
+            node.body.insert(0, nodes.ExprStmt(_hook("tick", node.lineno), lineno=node.lineno))
+            if node.test is not None:
+                node.test = nodes.And(_hook("tick", node.lineno), node.test, lineno=node.lineno)
+
+
+class _Compiled(NamedTuple):
+    template: Template
+    native: bool  # exactly one `{{ expr }}`: renders to the expression's own value
+
+
+@contextmanager
+def _guard(doing: str, seconds: float) -> Iterator[None]:
+    """Run under a fresh budget and turn every failure into a safe TemplateError."""
+    token = _BUDGET.set(_Budget(doing, seconds))
+    try:
+        yield
+    except TemplateError:
+        raise
+    except jinja_errors.TemplateSyntaxError as exc:
+        raise TemplateError(f"template syntax error on line {exc.lineno}: {str(exc.message)[:200]}") from exc
+    except jinja_errors.UndefinedError as exc:
+        raise TemplateError(str(exc)[:200]) from exc
+    except jinja_errors.SecurityError as exc:
+        raise TemplateError("template uses a forbidden operation") from exc
+    except (RecursionError, SyntaxError) as exc:  # SyntaxError: Python's own nesting limits
+        message = "template is nested too deeply" if doing == "parse" else "template recursion is too deep"
+        raise TemplateLimitError(message) from exc
+    except MemoryError as exc:
+        raise TemplateLimitError("template ran out of memory") from exc
+    except ZeroDivisionError as exc:
+        raise TemplateError("template divides by zero") from exc
+    except OverflowError as exc:
+        raise TemplateLimitError("a number in the template is too large") from exc
+    except Exception as exc:
+        logger.debug("template %s failed", doing, exc_info=True)
+        if doing == "parse":
+            raise TemplateError("template could not be parsed") from exc
+        kind = "value" if isinstance(exc, ValueError) else "operation"
+        raise TemplateError(f"template failed to render: invalid {kind} for the given data") from exc
+    finally:
+        _BUDGET.reset(token)
+
+
+@functools.lru_cache(maxsize=1024)
+def _compile(source: str) -> _Compiled:
+    if len(source) > MAX_SOURCE_BYTES:
+        raise TemplateLimitError("template is larger than 8 KB")
+    try:
+        encoded = source.encode("utf-8")
+    except UnicodeEncodeError:
+        raise TemplateError("template is not valid Unicode text") from None
+    if len(encoded) > MAX_SOURCE_BYTES:
+        raise TemplateLimitError("template is larger than 8 KB")
+    if "\x00" in source:
+        raise TemplateError("template contains a NUL character")
+    with _guard("parse", 10 * RENDER_BUDGET_SECONDS):  # parsing itself cannot loop
+        ast = _ENV.parse(source)
+        _prepare(ast)
+        body = ast.body
+        native = (
+            len(body) == 1
+            and isinstance(body[0], nodes.Output)
+            and len(body[0].nodes) == 1
+            and not isinstance(body[0].nodes[0], nodes.TemplateData)
+        )
+        if native:  # evaluate as `{% set result = expr %}` and read the variable back
+            ast = nodes.Template([nodes.Assign(nodes.Name("result", "store"), body[0].nodes[0])], lineno=1)
+            ast.set_lineno(1)
+        ast.set_environment(_ENV)
+        return _Compiled(_ENV.from_string(ast), native)
+
+
+# -- public interface ------------------------------------------------------------------------
+
+
+def is_template(value: Any) -> bool:
+    return isinstance(value, str) and ("{{" in value or "{%" in value or "{#" in value)
+
+
+def validate_template(source: str) -> None:
+    """Save-time check: size, syntax, filters, tests, attributes; compiles (and caches) it."""
+    if not isinstance(source, str):
+        raise TemplateError("template must be text")
+    _compile(source)
+
+
+def render(source: str, context: Mapping[str, Any]) -> Any:
+    """Render one string. Exactly one `{{ expr }}` gives the value itself; anything else is text."""
+    if not isinstance(source, str):
+        raise TemplateError("template must be text")
+    if not is_template(source):
+        return source
+    compiled = _compile(source)
+    with _guard("render", RENDER_BUDGET_SECONDS):
+        ctx = compiled.template.new_context(dict(context))
+        pieces = compiled.template.root_render_func(ctx)
+        if compiled.native:
+            for _ in pieces:
+                pass
+            return _to_json(ctx.vars["result"])
+        out, size = [], 0
+        for piece in pieces:
+            size += len(piece)
+            if size > MAX_OUTPUT_BYTES:
+                raise TemplateLimitError(_OUTPUT_LIMIT)
+            out.append(piece)
+        text = "".join(out)
+        _check_text(text)
+        if not text.isascii() and len(text.encode("utf-8")) > MAX_OUTPUT_BYTES:
+            raise TemplateLimitError(_OUTPUT_LIMIT)
+        return text
+
+
+def render_value(value: Any, context: Mapping[str, Any]) -> Any:
+    """Render every string in a JSON-like structure; keys are left as they are."""
+
+    def walk(item: Any, depth: int) -> Any:
+        if isinstance(item, str):
+            return render(item, context)
+        if depth > MAX_NESTING:
+            raise TemplateLimitError("value is nested too deeply")
+        if isinstance(item, Mapping):
+            return {key: walk(child, depth + 1) for key, child in item.items()}
+        if isinstance(item, list | tuple):
+            return [walk(child, depth + 1) for child in item]
+        return item
+
+    return walk(value, 0)
+
+
+_FALSE_TEXT = frozenset({"", "false", "0"})
+
+
+def evaluate_predicate(source: str, context: Mapping[str, Any]) -> bool:
+    """A `when`: the rendered value's truthiness; text "false", "0" and "" are false."""
+    value = render(source, context)
+    if isinstance(value, str):
+        return value.strip().lower() not in _FALSE_TEXT
+    return bool(value)
+
+
+def iter_templates(value: Any, pointer: str = "") -> Iterator[tuple[str, str]]:
+    """(JSON pointer, template) for every templated string in a JSON structure, in order."""
+    stack: list[tuple[str, Any]] = [(pointer, value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if is_template(item):
+                yield path, item
+        elif isinstance(item, Mapping):
+            escaped = (str(key).replace("~", "~0").replace("/", "~1") for key in item)
+            stack.extend(
+                reversed(
+                    [(f"{path}/{key}", child) for key, child in zip(escaped, item.values(), strict=True)]
+                )
+            )
+        elif isinstance(item, list | tuple):
+            stack.extend(reversed([(f"{path}/{index}", child) for index, child in enumerate(item)]))

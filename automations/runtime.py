@@ -1,0 +1,137 @@
+"""What the executor needs from the rest of the platform: handler contexts,
+the approval gate, timers, and releasing runs queued behind a finished one."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from approvals import gate as approval_gates
+from audit import writer
+from capabilities import registry
+from capabilities.base import ActionContext, Capability, Envelope, Risk
+
+from . import events
+from .models import ACTIVE_RUN_STATUSES, Automation, Run, RunStatus, StepRun
+
+# Timers longer than this are left to the sweeper instead of a broker countdown,
+# so a message never sits in the broker past its visibility timeout.
+MAX_COUNTDOWN = timedelta(minutes=15)
+
+
+def action_context(run: Run, step: dict[str, Any], attempt: int, key: str, timeout: float) -> ActionContext:
+    secrets: list[str] = []
+    workspace = run.workspace
+
+    def resolve_credential(name: str) -> dict[str, Any]:
+        from capabilities.credentials import credential_resolve
+
+        value, secret_values = credential_resolve(workspace_id=run.workspace_id, name=name)
+        secrets.extend(secret_values)
+        return value
+
+    def publish_event(event_type: str, payload: dict[str, Any]) -> str:
+        return events.publish(
+            workspace_id=run.workspace_id, event_type=event_type, payload=payload, source=f"run:{run.pk}",
+            trace_id=run.trace_id, chain_depth=run.chain_depth + 1, parent_run_id=str(run.pk),
+            actor=f"run:{run.pk}",
+        )  # fmt: skip
+
+    def call_capability(capability_id: str, args: dict[str, Any]) -> Envelope:
+        capability = registry.get_capability(capability_id, run.workspace_id)
+        if capability is None or capability.handler is None:
+            return Envelope.failure("CAPABILITY_NOT_FOUND", f"unknown capability '{capability_id}'", retryable=False)
+        return capability.handler(ctx, args)
+
+    ctx = ActionContext(
+        run_id=str(run.pk),
+        step_id=step["step_id"],
+        attempt=attempt,
+        workspace_id=run.workspace_id,
+        trace_id=run.trace_id,
+        idempotency_key=key,
+        timeout_seconds=timeout,
+        egress_allowlist=tuple(workspace.egress_allowlist or ()),
+        resolve_credential=resolve_credential,
+        publish_event=publish_event,
+        call_capability=call_capability,
+        cancel_requested=lambda: Run.objects.filter(pk=run.pk, cancel_requested=True).exists(),
+        secrets=secrets,
+    )
+    return ctx
+
+
+def plan_hash(snapshot: dict[str, Any], step_key: str, config: Any) -> str:
+    """sha256 of the canonical snapshot + step + rendered config: what an approval is bound to."""
+    material = writer.canonical_json({"snapshot": snapshot, "step": step_key, "config": config})
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+def approval_gate(
+    *, run: Run, step_run: StepRun, step: dict, config: dict, capability: Capability, risk: Risk, reasons: list[str]
+) -> approval_gates.Verdict:
+    automation = Automation.objects.filter(pk=run.automation_id).values("version", "updated_by_id").first()
+    if automation is None or automation["version"] != run.automation_version:
+        return approval_gates.Verdict("invalid", "the automation was edited after this run started; re-run it")
+    step_key = f"{step_run.phase}:{step_run.index}:{step['step_id']}"
+    execution = run.snapshot.get("execution") or {}
+    return approval_gates.check_step(
+        approval_gates.GateRequest(
+            workspace_id=run.workspace_id,
+            run_id=str(run.pk),
+            automation_id=str(run.automation_id),
+            automation_name=run.snapshot.get("name", ""),
+            step_key=step_key,
+            step_id=step["step_id"],
+            action=step["action"],
+            capability_id=capability.id,
+            risk=risk.label,
+            reasons=reasons,
+            what=config,
+            message=str(config.get("message", "")) if step["action"] == "require_approval" else "",
+            plan_hash=plan_hash(run.snapshot, step_key, config),
+            requested_by=run.triggered_by,
+            last_editor_id=automation["updated_by_id"],
+            approvals_required=int(step.get("approvals_required", config.get("approvals_required", 1)) or 1),
+            expires_in_seconds=int(execution.get("approval_timeout_seconds", 24 * 3600)),
+            trace_id=run.trace_id,
+        )
+    )
+
+
+def schedule_wake(run: Run, wake_at: datetime) -> None:
+    """Re-enqueue a parked run when its timer is due (short timers only; the sweeper does the rest)."""
+    delay = (wake_at - timezone.now()).total_seconds()
+    if delay <= MAX_COUNTDOWN.total_seconds():
+        from .tasks import execute_run
+
+        run_id, queue = str(run.pk), run.queue
+        transaction.on_commit(
+            lambda: execute_run.apply_async(args=[run_id], queue=queue, countdown=max(0.0, delay))
+        )
+
+
+def run_settled(run: Run) -> None:
+    """A run stopped being active: let the next run queued behind it start."""
+    execution = run.snapshot.get("execution") or {}
+    policy = execution.get("concurrency", "allow_parallel")
+    max_concurrent = execution.get("max_concurrent", 1 if policy != "allow_parallel" else None)
+    if max_concurrent is None:
+        return
+    from .dispatcher import enqueue_on_commit
+
+    with transaction.atomic():
+        Automation.objects.select_for_update().filter(pk=run.automation_id).first()
+        same = Run.objects.filter(automation_id=run.automation_id, concurrency_key=run.concurrency_key)
+        active = same.filter(status__in=ACTIVE_RUN_STATUSES, enqueued_at__isnull=False).count()
+        free = max_concurrent - active
+        if free <= 0:
+            return
+        held = list(same.filter(status=RunStatus.QUEUED, enqueued_at__isnull=True).order_by("created_at")[:free])
+        for next_run in held:
+            Run.objects.filter(pk=next_run.pk).update(enqueued_at=timezone.now())
+            enqueue_on_commit(next_run)

@@ -1,0 +1,27 @@
+"""Reads, always scoped to what the user may see."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from workspaces.access import workspaces_for
+from workspaces.models import Permission
+
+from .models import Automation, Run
+
+
+def automations_visible_to(user) -> QuerySet[Automation]:
+    return Automation.objects.filter(workspace__in=workspaces_for(user, Permission.VIEW)).select_related("workspace")
+
+
+def runs_visible_to(user) -> QuerySet[Run]:
+    return (
+        Run.objects.filter(workspace__in=workspaces_for(user, Permission.VIEW))
+        .select_related("workspace", "automation")
+        .order_by("-created_at")
+    )
+
+
+def run_with_steps(run: Run) -> list:
+    """Step rows in plan order: one per step of the plan, then the on_failure steps that ran."""
+    return list(run.steps.order_by("-phase", "index")) if run.pk else []

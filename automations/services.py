@@ -1,0 +1,324 @@
+"""Writes: every state change of automations and runs, each audited in its transaction.
+
+Views, admin actions, Celery tasks and management commands all call these.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from audit import writer
+from audit.models import Outcome
+from workspaces.models import Workspace
+
+from . import definition as defs
+from .dispatcher import DispatchError, DispatchRequest, DispatchResult, dispatch, enqueue_on_commit
+from .models import (
+    ACTIVE_RUN_STATUSES,
+    Automation,
+    AutomationStatus,
+    AutomationVersion,
+    Run,
+    RunStatus,
+    StepRun,
+    StepStatus,
+)
+from .transitions import check_transition
+
+logger = logging.getLogger(__name__)
+
+# Called inside the saving transaction with the automation (e.g. the triggers
+# app syncs its Trigger rows); registered in AppConfig.ready so that the
+# engine never imports the apps built on top of it.
+automation_saved_hooks: list[Callable[[Automation], None]] = []
+automation_deleted_hooks: list[Callable[[Automation], None]] = []
+
+
+class DefinitionInvalid(Exception):
+    def __init__(self, errors: list[dict[str, str]]):
+        super().__init__(f"{len(errors)} problem(s) in the definition")
+        self.errors = errors
+
+
+class RunActionRefused(Exception):
+    def __init__(self, code: str, message: str, http_status: int = 409):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.http_status = http_status
+
+
+def _actor(user) -> str:
+    return f"user:{user.get_username()}" if user is not None and user.is_authenticated else "system"
+
+
+def credential_names(workspace_id: int) -> set[str] | None:
+    from capabilities.credentials import credential_names as names
+
+    return names(workspace_id)
+
+
+def definition_check(definition: Any, workspace: Workspace) -> None:
+    errors = defs.validate_definition(
+        definition, workspace_id=workspace.id, credential_names=credential_names(workspace.id)
+    )
+    if errors:
+        raise DefinitionInvalid(errors)
+
+
+def _status(value: str | None, current: str) -> str:
+    if value is None:
+        return current
+    if value not in AutomationStatus.values:
+        raise DefinitionInvalid([{"path": "/status", "code": "invalid_status", "message": "status is active or paused"}])
+    return value
+
+
+@transaction.atomic
+def automation_create(*, workspace: Workspace, definition: Any, user=None, status: str | None = None) -> Automation:
+    definition_check(definition, workspace)
+    automation = Automation.objects.create(
+        workspace=workspace, name=definition["name"], definition=definition, version=1,
+        status=_status(status, AutomationStatus.ACTIVE), created_by=user if user and user.is_authenticated else None,
+        updated_by=user if user and user.is_authenticated else None,
+    )  # fmt: skip
+    AutomationVersion.objects.create(automation=automation, version=1, definition=definition,
+                                     created_by=automation.created_by)  # fmt: skip
+    writer.append(
+        trace_id=uuid.uuid4().hex, type="automation.created", summary=f"automation {automation.name} created",
+        workspace_id=workspace.id, actor=_actor(user), refs={"automation": str(automation.pk)},
+        payload={"version": 1},
+    )  # fmt: skip
+    for hook in automation_saved_hooks:
+        hook(automation)
+    return automation
+
+
+@transaction.atomic
+def automation_update(
+    *, automation: Automation, user=None, definition: Any = None, status: str | None = None
+) -> Automation:
+    automation = Automation.objects.select_for_update().get(pk=automation.pk)
+    changes: dict[str, Any] = {}
+    if definition is not None and definition != automation.definition:
+        definition_check(definition, automation.workspace)
+        automation.definition = definition
+        automation.name = definition["name"]
+        automation.version += 1
+        AutomationVersion.objects.create(automation=automation, version=automation.version, definition=definition,
+                                         created_by=user if user and user.is_authenticated else None)  # fmt: skip
+        changes["version"] = automation.version
+    new_status = _status(status, automation.status)
+    if new_status != automation.status:
+        changes["status"] = new_status
+        automation.status = new_status
+    if not changes:
+        return automation
+    automation.updated_by = user if user and user.is_authenticated else automation.updated_by
+    automation.save(update_fields=["definition", "name", "version", "status", "updated_by", "updated_at"])
+    kind = "automation.updated" if "version" in changes else f"automation.{'paused' if new_status == 'paused' else 'resumed'}"
+    writer.append(
+        trace_id=uuid.uuid4().hex, type=kind, summary=f"automation {automation.name}: {changes}",
+        workspace_id=automation.workspace_id, actor=_actor(user), refs={"automation": str(automation.pk)},
+        payload=changes,
+    )  # fmt: skip
+    for hook in automation_saved_hooks:
+        hook(automation)
+    return automation
+
+
+@transaction.atomic
+def automation_delete(*, automation: Automation, user=None) -> None:
+    active = automation.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists()
+    if active:
+        raise RunActionRefused("CONFLICT", "the automation has active runs; cancel them first")
+    for hook in automation_deleted_hooks:
+        hook(automation)
+    writer.append(
+        trace_id=uuid.uuid4().hex, type="automation.deleted", summary=f"automation {automation.name} deleted",
+        workspace_id=automation.workspace_id, actor=_actor(user), refs={"automation": str(automation.pk)},
+    )  # fmt: skip
+    automation.delete()
+
+
+def run_create(*, automation: Automation, inputs: Any, user=None, idempotency_key: str | None = None) -> DispatchResult:
+    """A manual run ("Run now"): the same dispatcher as every trigger."""
+    if not isinstance(inputs, dict):
+        raise DispatchError("INVALID_ARGUMENT", "inputs must be a JSON object")
+    from .dispatcher import Dedupe, request_hash
+
+    dedupe = None
+    if idempotency_key:
+        dedupe = Dedupe(scope=f"manual:{automation.pk}", key=idempotency_key[:255], request_hash=request_hash(inputs))
+    return dispatch(
+        DispatchRequest(
+            automation_id=automation.pk, inputs=inputs, trigger_type="manual", triggered_by=_actor(user),
+            trigger_payload={}, dedupe=dedupe,
+        )
+    )  # fmt: skip
+
+
+@transaction.atomic
+def run_cancel(*, run: Run, user=None) -> Run:
+    run = Run.objects.select_for_update().get(pk=run.pk)
+    if run.status not in ACTIVE_RUN_STATUSES:
+        raise RunActionRefused("CONFLICT", f"a {run.status} run cannot be cancelled")
+    if run.status == RunStatus.RUNNING:
+        Run.objects.filter(pk=run.pk).update(cancel_requested=True)
+        summary = "cancel requested; the worker stops at the next step boundary"
+    else:
+        check_transition(run.status, RunStatus.CANCELLED)
+        Run.objects.filter(pk=run.pk).update(
+            status=RunStatus.CANCELLED, cancel_requested=True, finished_at=timezone.now(),
+            error={"code": "CANCELLED", "message": "cancelled by an operator"},
+        )  # fmt: skip
+        StepRun.objects.filter(run=run, status=StepStatus.AWAITING_APPROVAL).update(status=StepStatus.FAILED,
+                                                                                  error_code="CANCELLED")  # fmt: skip
+        summary = "run cancelled"
+    writer.append(
+        trace_id=run.trace_id, type="operator.run.cancelled", summary=summary, workspace_id=run.workspace_id,
+        actor=_actor(user), refs={"run": str(run.pk)},
+    )  # fmt: skip
+    if run.status != RunStatus.RUNNING:
+        from .runtime import run_settled
+
+        transaction.on_commit(lambda: run_settled(run))
+    run.refresh_from_db()
+    return run
+
+
+@transaction.atomic
+def run_rerun(*, run: Run, user=None, from_step: str | None = None) -> Run:
+    """A new run of the same snapshot and inputs; from ``from_step`` reuses earlier outputs."""
+    plan = run.snapshot["plan"]
+    start = 0
+    context: dict[str, Any] = {}
+    if from_step is not None:
+        ids = [step["step_id"] for step in plan]
+        if from_step not in ids:
+            raise RunActionRefused("INVALID_ARGUMENT", f"no step '{from_step}' in this run's plan", 400)
+        start = ids.index(from_step)
+        earlier = {s.index: s for s in run.steps.filter(phase="plan", index__lt=start)}
+        for index in range(start):
+            step_run = earlier.get(index)
+            if step_run is None or step_run.status not in (StepStatus.SUCCEEDED, StepStatus.SKIPPED):
+                raise RunActionRefused("INVALID_ARGUMENT", f"step '{ids[index]}' did not succeed in the original run", 400)
+            if plan[index].get("output_as") and step_run.output:
+                context[plan[index]["output_as"]] = step_run.output.get("data")
+    new = Run.objects.create(
+        workspace_id=run.workspace_id, automation_id=run.automation_id, automation_version=run.automation_version,
+        snapshot=run.snapshot, inputs=run.inputs, trigger_type=run.trigger_type, trigger_key=run.trigger_key,
+        trigger_id=run.trigger_id, trigger_payload=run.trigger_payload, triggered_by=_actor(user),
+        trace_id=uuid.uuid4().hex, parent_run=run, queue=run.queue, concurrency_key=run.concurrency_key,
+        step_index=start, context=context, enqueued_at=timezone.now(),
+    )  # fmt: skip
+    for step_run in run.steps.filter(phase="plan", index__lt=start):
+        StepRun.objects.create(
+            run=new, phase="plan", index=step_run.index, step_id=step_run.step_id, action=step_run.action,
+            status=step_run.status, attempt=step_run.attempt, rendered_config=step_run.rendered_config,
+            output=step_run.output, started_at=step_run.started_at, finished_at=step_run.finished_at,
+        )  # fmt: skip
+    for trace in {run.trace_id, new.trace_id}:
+        writer.append(
+            trace_id=trace, type="operator.run.rerun",
+            summary=f"run {new.pk} re-runs {run.pk}" + (f" from step {from_step}" if from_step else ""),
+            workspace_id=run.workspace_id, actor=_actor(user), refs={"run": str(new.pk), "parent_run": str(run.pk)},
+        )  # fmt: skip
+    enqueue_on_commit(new)
+    return new
+
+
+RESOLUTIONS = ("succeeded", "retry", "failed")
+
+
+@transaction.atomic
+def run_resolve(*, run: Run, resolution: str, user=None, reason: str = "", output: Any = None) -> Run:
+    """An operator settles a ``needs_attention`` run: the step did succeed, should be retried, or failed."""
+    if resolution not in RESOLUTIONS:
+        raise RunActionRefused("INVALID_ARGUMENT", "resolution must be succeeded, retry or failed", 400)
+    run = Run.objects.select_for_update().get(pk=run.pk)
+    if run.status != RunStatus.NEEDS_ATTENTION:
+        raise RunActionRefused("CONFLICT", f"only needs_attention runs can be resolved (this one is {run.status})")
+    step_run = StepRun.objects.filter(run=run, phase=run.phase, index=run.step_index).first()
+    now = timezone.now()
+    fields: dict[str, Any] = {"error": None, "claimed_by": "", "lease_expires_at": None}
+    if resolution == "succeeded":
+        if step_run is not None:
+            StepRun.objects.filter(pk=step_run.pk).update(
+                status=StepStatus.SUCCEEDED, error_code="", error_message="", finished_at=now,
+                output={"ok": True, "summary": "marked succeeded by an operator", "data": output, "error": None},
+            )  # fmt: skip
+            step = (run.snapshot["plan"] if run.phase == "plan" else run.snapshot["execution"]["on_failure"])[run.step_index]
+            if step.get("output_as"):
+                fields["context"] = {**run.context, step["output_as"]: output}
+        fields.update(status=RunStatus.QUEUED, step_index=run.step_index + 1, enqueued_at=now)
+    elif resolution == "retry":
+        if step_run is not None:
+            StepRun.objects.filter(pk=step_run.pk).update(status=StepStatus.PENDING, error_code="", error_message="")
+        fields.update(status=RunStatus.QUEUED, enqueued_at=now)
+    else:
+        fields.update(status=RunStatus.FAILED, finished_at=now,
+                      error={"code": "OUTCOME_UNKNOWN", "message": "marked failed by an operator"})  # fmt: skip
+    check_transition(run.status, fields["status"])
+    Run.objects.filter(pk=run.pk).update(**fields)
+    writer.append(
+        trace_id=run.trace_id, type="operator.run.resolved", summary=f"operator resolved the run: {resolution}",
+        workspace_id=run.workspace_id, actor=_actor(user), refs={"run": str(run.pk)},
+        payload={"resolution": resolution, "reason": reason[:1000]},
+        outcome=Outcome.SUCCESS if resolution != "failed" else Outcome.FAILURE,
+    )  # fmt: skip
+    run.refresh_from_db()
+    if run.status == RunStatus.QUEUED:
+        enqueue_on_commit(run)
+    else:
+        from .runtime import run_settled
+
+        transaction.on_commit(lambda: run_settled(run))
+    return run
+
+
+@transaction.atomic
+def run_resume(*, run_id: str, reason: str = "approval decided") -> bool:
+    """An awaiting run may continue (its approval was decided): queue it again."""
+    updated = Run.objects.filter(pk=run_id, status=RunStatus.AWAITING_APPROVAL).update(
+        status=RunStatus.QUEUED, enqueued_at=timezone.now()
+    )
+    if updated:
+        run = Run.objects.get(pk=run_id)
+        writer.append(trace_id=run.trace_id, type="run.resumed", summary=f"run resumed: {reason}",
+                      workspace_id=run.workspace_id, refs={"run": str(run.pk)})  # fmt: skip
+        enqueue_on_commit(run)
+    return bool(updated)
+
+
+def runs_sweep() -> dict[str, int]:
+    """Find runs whose message or worker was lost and queue them again (beat, every few seconds).
+
+    The database is the source of truth: a flushed broker or a killed worker
+    loses messages, never runs. Re-enqueueing is harmless because execution
+    starts with a claim.
+    """
+    from .tasks import execute_run
+
+    now = timezone.now()
+    requeue_after = timedelta(seconds=getattr(settings, "AUTOPLANE_REQUEUE_AFTER_SECONDS", 300))
+    counts = {"lease_expired": 0, "due": 0, "lost_messages": 0}
+    lease_expired = Run.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now)
+    due = Run.objects.filter(status=RunStatus.WAITING, wake_at__lte=now - timedelta(seconds=2))
+    stale = Run.objects.filter(status=RunStatus.QUEUED, enqueued_at__lt=now - requeue_after)
+    for name, queryset in (("lease_expired", lease_expired), ("due", due), ("lost_messages", stale)):
+        for run_id, queue in queryset.values_list("pk", "queue")[:500]:
+            if name == "lost_messages":
+                # Bump the stamp so the next sweep does not queue it yet again.
+                Run.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(enqueued_at=now)
+            execute_run.apply_async(args=[str(run_id)], queue=queue)
+            counts[name] += 1
+    return counts

@@ -1,0 +1,35 @@
+"""Thin Celery tasks: take ids, call a service. Execution starts with a claim, so
+redelivery is harmless and late acks are safe."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from . import events, executor, services
+
+
+@shared_task(name="autoplane.execute_run", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def execute_run(run_id: str) -> str | None:
+    return executor.execute_run(run_id)
+
+
+@shared_task(name="autoplane.resume_run", ignore_result=True)
+def resume_run(run_id: str, reason: str = "approval decided") -> bool:
+    return services.run_resume(run_id=run_id, reason=reason)
+
+
+@shared_task(name="autoplane.deliver_event", acks_late=True, ignore_result=True)
+def deliver_event(event_id: str) -> int:
+    return events.deliver(event_id)
+
+
+@shared_task(name="autoplane.sweep_runs", ignore_result=True)
+def sweep_runs() -> dict[str, int]:
+    return services.runs_sweep()
+
+
+@shared_task(name="autoplane.purge_expired", ignore_result=True)
+def purge_expired() -> int:
+    from .dispatcher import purge_dispatch_keys
+
+    return events.purge_expired() + purge_dispatch_keys()

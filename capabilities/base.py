@@ -1,0 +1,171 @@
+"""The contract between the engine and everything a step can do (SPEC §5).
+
+A *capability* is one thing the platform can do, with its risk and side
+effects. An *action* is what a step names; its handler receives an
+:class:`ActionContext` and the rendered, validated config and returns an
+:class:`Envelope`. Handlers know nothing about retries, timeouts, gates or
+budgets: the executor owns those.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+
+class Risk(enum.IntEnum):
+    LOW = 0
+    MEDIUM = 1
+    HIGH = 2
+    CRITICAL = 3
+
+    @classmethod
+    def parse(cls, value: str) -> Risk:
+        return cls[value.upper()]
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    def raised(self, levels: int = 1) -> Risk:
+        return Risk(min(Risk.CRITICAL, self + levels))
+
+
+class SideEffect(enum.StrEnum):
+    READ = "read"
+    WRITE = "write"
+    EXTERNAL_WRITE = "external_write"
+    COST_INCURRING = "cost_incurring"
+    USER_VISIBLE = "user_visible"
+
+
+class ErrorCode(enum.StrEnum):
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    CAPABILITY_NOT_FOUND = "CAPABILITY_NOT_FOUND"
+    POLICY_VIOLATION = "POLICY_VIOLATION"
+    APPROVAL_REQUIRED = "APPROVAL_REQUIRED"
+    APPROVAL_DENIED = "APPROVAL_DENIED"
+    APPROVAL_EXPIRED = "APPROVAL_EXPIRED"
+    BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
+    TIMEOUT = "TIMEOUT"
+    TEMPLATE_ERROR = "TEMPLATE_ERROR"
+    TEMPLATE_LIMIT = "TEMPLATE_LIMIT"
+    SANDBOX_VIOLATION = "SANDBOX_VIOLATION"
+    TEMPORARILY_UNAVAILABLE = "TEMPORARILY_UNAVAILABLE"
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
+    CANCELLED = "CANCELLED"
+    INTERNAL = "INTERNAL"
+
+
+RETRYABLE_CODES = frozenset({ErrorCode.TEMPORARILY_UNAVAILABLE, ErrorCode.TIMEOUT})
+
+
+class StepFailure(Exception):
+    """Raised by handlers (and the engine) for an expected failure with a stable code.
+
+    ``message`` must be safe to show a user or an LLM; raw driver text goes in
+    ``detail`` (logs and the audit payload only).
+    """
+
+    def __init__(self, code: str, message: str, *, retryable: bool | None = None, detail: str = ""):
+        super().__init__(message)
+        self.code = str(code)
+        self.message = message
+        self.retryable = (code in RETRYABLE_CODES) if retryable is None else retryable
+        self.detail = detail
+
+
+@dataclass
+class Envelope:
+    """Every step's result: ``{ok, summary, data, error: {code, message, retryable}}``."""
+
+    ok: bool
+    summary: str = ""
+    data: Any = None
+    error: dict[str, Any] | None = None
+    cost_usd: Decimal = Decimal("0")
+    # A handler that must wait (the ``wait`` action) returns when to resume;
+    # the executor parks the run instead of holding a worker.
+    resume_at: datetime | None = None
+
+    @classmethod
+    def success(cls, data: Any = None, summary: str = "", cost_usd: Decimal | None = None) -> Envelope:
+        return cls(ok=True, summary=summary, data=data, cost_usd=cost_usd or Decimal("0"))
+
+    @classmethod
+    def failure(cls, code: str, message: str, *, retryable: bool | None = None) -> Envelope:
+        retry = (code in RETRYABLE_CODES) if retryable is None else retryable
+        return cls(ok=False, summary=message, error={"code": str(code), "message": message, "retryable": retry})
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "summary": self.summary, "data": self.data, "error": self.error}
+
+
+@dataclass(frozen=True)
+class Capability:
+    """What a step will do, as the gate and the recovery logic need to know it."""
+
+    id: str
+    description: str = ""
+    input_schema: Mapping[str, Any] = field(default_factory=lambda: {"type": "object"})
+    output_schema: Mapping[str, Any] = field(default_factory=dict)
+    side_effects: frozenset[SideEffect] = frozenset()
+    risk: Risk = Risk.LOW
+    idempotent: bool = True
+    expected_duration_seconds: float = 1.0
+    cost_estimate: Callable[[Mapping[str, Any]], Decimal] | None = None
+    handler: Callable[[ActionContext, Mapping[str, Any]], Envelope] | None = None
+    supports_preview: bool = False
+
+    @property
+    def has_side_effects(self) -> bool:
+        return bool(self.side_effects - {SideEffect.READ})
+
+    @property
+    def safe_to_retry(self) -> bool:
+        """Re-running after an unknown outcome cannot duplicate a side effect."""
+        return self.idempotent or not self.has_side_effects
+
+    def estimate_cost(self, args: Mapping[str, Any]) -> Decimal:
+        return self.cost_estimate(args) if self.cost_estimate else Decimal("0")
+
+
+@dataclass
+class ActionContext:
+    """What a handler may use. Everything privileged is a resolver called at use time."""
+
+    run_id: str
+    step_id: str
+    attempt: int
+    workspace_id: int
+    trace_id: str
+    idempotency_key: str
+    timeout_seconds: float
+    egress_allowlist: tuple[str, ...] = ()
+    resolve_credential: Callable[[str], Any] | None = None
+    publish_event: Callable[[str, Mapping[str, Any]], str] | None = None
+    call_capability: Callable[[str, Mapping[str, Any]], Envelope] | None = None
+    cancel_requested: Callable[[], bool] = lambda: False
+    # Values the engine must redact from anything it stores (credential material
+    # resolved during this call is appended here by the resolver).
+    secrets: list[str] = field(default_factory=list)
+    preview: bool = False
+
+
+@dataclass(frozen=True)
+class ActionDefinition:
+    """A step's ``action``: its config schema and how to describe/run a given config."""
+
+    name: str
+    description: str
+    config_schema: Mapping[str, Any]
+    # Describes the capability this config exercises (risk, side effects,
+    # idempotency, duration) — e.g. http_request GET is a low-risk read, POST an external write.
+    describe: Callable[[Mapping[str, Any]], Capability]
+    handler: Callable[[ActionContext, Mapping[str, Any]], Envelope]
+    # Extra checks beyond the schema at save time: yields (json-pointer-suffix, code, message).
+    validate: Callable[[Mapping[str, Any]], list[tuple[str, str, str]]] | None = None

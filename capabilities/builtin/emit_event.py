@@ -1,0 +1,57 @@
+"""``emit_event``: publish a domain event other automations can trigger on."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..base import (
+    ActionContext,
+    ActionDefinition,
+    Capability,
+    Envelope,
+    ErrorCode,
+    Risk,
+    SideEffect,
+    StepFailure,
+)
+
+CONFIG_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["event_type", "payload"],
+    "additionalProperties": False,
+    "properties": {
+        "event_type": {"type": "string", "pattern": "^[a-z0-9_.-]{1,128}$"},
+        "payload": {"type": "object"},
+    },
+}
+
+# Not idempotent: publishing twice fires every subscriber twice.
+PROFILE = Capability(
+    id="emit_event",
+    side_effects=frozenset({SideEffect.WRITE}),
+    risk=Risk.LOW,
+    idempotent=False,
+    expected_duration_seconds=0.05,
+)
+
+
+def describe(config: Mapping[str, Any]) -> Capability:
+    return PROFILE
+
+
+def handler(ctx: ActionContext, config: Mapping[str, Any]) -> Envelope:
+    if ctx.publish_event is None:
+        raise StepFailure(ErrorCode.INTERNAL, "events cannot be published here")
+    event_type = config["event_type"]
+    event_id = ctx.publish_event(event_type, dict(config["payload"]))
+    return Envelope.success({"event_id": event_id}, summary=f"published {event_type}")
+
+
+ACTION = ActionDefinition(
+    name="emit_event",
+    description="Publish a domain event (composition between automations).",
+    config_schema=CONFIG_SCHEMA,
+    describe=describe,
+    handler=handler,
+)

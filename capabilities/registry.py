@@ -1,0 +1,79 @@
+"""Name → implementation, as literal mappings of dotted paths, loaded lazily.
+
+Actions are what steps name. Native capabilities are what ``call_capability``
+can call besides harvested MCP tools (looked up through ``external_lookup``,
+which the MCP module registers in ``CapabilitiesConfig.ready``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import cache
+from importlib import import_module
+
+from .base import ActionDefinition, Capability
+
+ACTIONS: dict[str, str] = {
+    "transform_data": "capabilities.builtin.transform_data.ACTION",
+    "emit_event": "capabilities.builtin.emit_event.ACTION",
+    "http_request": "capabilities.builtin.http_request.ACTION",
+    "send_email": "capabilities.builtin.send_email.ACTION",
+    "wait": "capabilities.builtin.wait.ACTION",
+    "call_capability": "capabilities.builtin.call_capability.ACTION",
+    "require_approval": "capabilities.builtin.require_approval.ACTION",
+    "run_python": "capabilities.builtin.code.RUN_PYTHON",
+    "run_shell": "capabilities.builtin.code.RUN_SHELL",
+}
+
+NATIVE_CAPABILITIES: dict[str, str] = {
+    "core.echo": "capabilities.builtin.native.ECHO",
+    "core.http_get": "capabilities.builtin.native.HTTP_GET",
+}
+
+# (capability_id, workspace_id) -> Capability | None, for capabilities kept in
+# the database (MCP tools). Set once at start-up.
+external_lookup: Callable[[str, int], Capability | None] | None = None
+external_listing: Callable[[int], list[Capability]] | None = None
+
+
+def _load(dotted: str):
+    module, _, attr = dotted.rpartition(".")
+    try:
+        return getattr(import_module(module), attr)
+    except (ImportError, AttributeError):
+        return None
+
+
+@cache
+def get_action(name: str) -> ActionDefinition | None:
+    dotted = ACTIONS.get(name)
+    return _load(dotted) if dotted else None
+
+
+def action_names() -> list[str]:
+    return [name for name in ACTIONS if get_action(name) is not None]
+
+
+def all_actions() -> list[ActionDefinition]:
+    return [action for name in ACTIONS if (action := get_action(name)) is not None]
+
+
+@cache
+def get_native_capability(capability_id: str) -> Capability | None:
+    dotted = NATIVE_CAPABILITIES.get(capability_id)
+    return _load(dotted) if dotted else None
+
+
+def get_capability(capability_id: str, workspace_id: int) -> Capability | None:
+    native = get_native_capability(capability_id)
+    if native is not None:
+        return native
+    if external_lookup is not None:
+        return external_lookup(capability_id, workspace_id)
+    return None
+
+
+def list_capabilities(workspace_id: int) -> list[Capability]:
+    native = [cap for cid in NATIVE_CAPABILITIES if (cap := get_native_capability(cid)) is not None]
+    external = external_listing(workspace_id) if external_listing is not None else []
+    return native + external

@@ -1,0 +1,125 @@
+"""``/healthz``: is every part of the platform there?
+
+Answers ``{"status": "ok"|"degraded", "failing": [...], "checks": {...}}`` with
+200 when every check passes and 503 otherwise; ``failing`` names each failed
+check (``database``, ``broker``, ``beat``, ``queues.<name>``). Checks:
+
+- database: ``SELECT 1``;
+- broker: a fresh connection to the Celery broker, plus each queue's backlog;
+- beat: exactly one beat process heartbeating (two would fire every schedule
+  twice); ``last_tick_age_seconds`` tells when a worker last executed the
+  beat-scheduled ``autoplane.beat_heartbeat``, i.e. beat -> broker -> worker;
+- queues: at least one live worker consuming each of the four queues.
+
+Workers and beat are known by their heartbeat rows (see ``ops/heartbeats.py``),
+because the embedded broker cannot broadcast ``inspect()`` requests.
+Error details go to the log, never into the response.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from django.db import connection
+from django.http import HttpRequest, JsonResponse
+from django.utils import timezone
+from kombu.exceptions import ChannelError
+
+from config.celery import QUEUES
+from config.celery import app as celery_app
+from ops.models import HeartbeatKind
+from ops.selectors import STALE_AFTER, heartbeats_fresh, last_seen, workers_by_queue
+
+logger = logging.getLogger(__name__)
+
+BROKER_TIMEOUT_SECONDS = 3.0
+
+
+def _failure(check: str, exc: BaseException) -> dict[str, Any]:
+    logger.warning("health check %s failed: %r", check, exc)
+    return {"ok": False, "error": type(exc).__name__}
+
+
+def check_database() -> dict[str, Any]:
+    started = time.perf_counter()
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+    except Exception as exc:
+        return _failure("database", exc)
+    return {"ok": True, "vendor": connection.vendor, "latency_ms": round((time.perf_counter() - started) * 1000, 1)}
+
+
+def broker_backlog(queues: tuple[str, ...] = QUEUES) -> dict[str, int]:
+    """Messages waiting in each queue, from a fresh broker connection (raises when unreachable)."""
+    backlog: dict[str, int] = {}
+    with celery_app.connection_for_read(connect_timeout=BROKER_TIMEOUT_SECONDS) as conn:
+        conn.ensure_connection(max_retries=0, timeout=BROKER_TIMEOUT_SECONDS)
+        channel = conn.default_channel
+        for queue in queues:
+            try:
+                backlog[queue] = channel.queue_declare(queue=queue, passive=True).message_count
+            except ChannelError:  # Redis: an empty queue does not exist as a key
+                backlog[queue] = 0
+    return backlog
+
+
+def check_broker() -> dict[str, Any]:
+    started = time.perf_counter()
+    try:
+        backlog = broker_backlog()
+    except Exception as exc:
+        return _failure("broker", exc)
+    return {
+        "ok": True,
+        "transport": celery_app.conf.broker_url.split(":", 1)[0],
+        "latency_ms": round((time.perf_counter() - started) * 1000, 1),
+        "backlog": backlog,
+    }
+
+
+def _age(heartbeat) -> float | None:
+    return None if heartbeat is None else round((timezone.now() - heartbeat.seen_at).total_seconds(), 1)
+
+
+def check_processes() -> dict[str, Any]:
+    """The beat and per-queue worker checks, from the heartbeat table."""
+    try:
+        beats = heartbeats_fresh(kind=HeartbeatKind.BEAT).count()
+        beat: dict[str, Any] = {
+            "ok": beats == 1,
+            "instances": beats,
+            "heartbeat_age_seconds": _age(last_seen(kind=HeartbeatKind.BEAT)),
+            "last_tick_age_seconds": _age(last_seen(kind=HeartbeatKind.TICK)),
+        }
+        if beats == 0:
+            beat["error"] = f"no beat heartbeat in the last {STALE_AFTER.total_seconds():.0f} s"
+        elif beats > 1:
+            beat["error"] = f"{beats} beat processes are running; run exactly one"
+        queues = {
+            queue: {"ok": workers > 0, "workers": workers} for queue, workers in workers_by_queue(QUEUES).items()
+        }
+    except Exception as exc:
+        failure = _failure("heartbeats", exc)
+        return {"beat": failure, "queues": {queue: dict(failure) for queue in QUEUES}}
+    return {"beat": beat, "queues": queues}
+
+
+def health_report() -> dict[str, Any]:
+    checks: dict[str, Any] = {"database": check_database(), "broker": check_broker(), **check_processes()}
+    failing = [name for name in ("database", "broker", "beat") if not checks[name]["ok"]]
+    failing += [f"queues.{queue}" for queue, check in checks["queues"].items() if not check["ok"]]
+    return {"status": "degraded" if failing else "ok", "failing": failing, "checks": checks}
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
+    if request.method not in ("GET", "HEAD"):
+        body = {"error": {"code": "METHOD_NOT_ALLOWED", "message": "use GET"}}
+        return JsonResponse(body, status=405, headers={"Allow": "GET, HEAD"})
+    report = health_report()
+    response = JsonResponse(report, status=200 if report["status"] == "ok" else 503)
+    response["Cache-Control"] = "no-store"
+    return response

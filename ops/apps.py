@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class OpsConfig(AppConfig):
+    name = "ops"
+    verbose_name = "Operations"
+
+    def ready(self) -> None:
+        # Celery lifecycle signals (worker ready/shutdown, beat start) are how a
+        # process announces that it is alive; they carry no business logic.
+        from . import heartbeats
+
+        heartbeats.connect()

@@ -1,0 +1,219 @@
+"""``manage.py up``: the whole platform on one machine, stopped cleanly with Ctrl-C.
+
+Migrates, bootstraps an empty installation (admin user, ``default`` workspace,
+API token, signing key, example automations), then supervises the web server,
+one Celery worker per queue and exactly one beat (see ``config/supervisor.py``
+for the restart and shutdown policy).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
+
+from config.celery import QUEUES
+from config.supervisor import ChildSpec, Supervisor
+from ops.services import Bootstrap, platform_bootstrap
+
+DEFAULT_CONCURRENCY = {"default": 1, "automations_fast": 2, "automations_medium": 1, "automations_long": 1}
+READY_TIMEOUT = 120.0
+
+
+def parse_concurrency(text: str) -> dict[str, int]:
+    """``"2"`` (every queue) or ``"fast=2,medium=1,long=1,default=1"`` (short or full queue names)."""
+    result = dict(DEFAULT_CONCURRENCY)
+    text = text.strip()
+    try:
+        if text.isdigit():
+            result = dict.fromkeys(QUEUES, int(text))
+        else:
+            for item in filter(None, (part.strip() for part in text.split(","))):
+                name, _, value = item.partition("=")
+                queue = name.strip() if name.strip() in QUEUES else f"automations_{name.strip()}"
+                if queue not in QUEUES:
+                    raise CommandError(f"--concurrency: unknown queue {name.strip()!r} (queues: {', '.join(QUEUES)})")
+                result[queue] = int(value)
+    except ValueError:
+        raise CommandError(f"--concurrency: {text!r} is not N or queue=N,... with whole numbers")
+    if any(n < 1 for n in result.values()):
+        raise CommandError("--concurrency: every queue needs at least 1 process")
+    return result
+
+
+def _short(queue: str) -> str:
+    return queue.removeprefix("automations_")
+
+
+def build_specs(*, host: str, port: int, concurrency: dict[str, int], web_workers: int) -> list[ChildSpec]:
+    python = sys.executable
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cwd = str(settings.BASE_DIR)
+    bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if importlib.util.find_spec("gunicorn"):
+        web = [python, "-m", "gunicorn", "ops.wsgi:application", "--bind", bind, "--workers", str(web_workers),
+               "--timeout", "60", "--graceful-timeout", "5"]  # fmt: skip
+    else:
+        web = [python, "manage.py", "runserver", "--noreload", bind]
+    specs = [ChildSpec("web", web, env, cwd)]
+    for queue in QUEUES:
+        worker = [
+            python, "-m", "celery", "-A", "config", "worker", "-Q", queue, "-n", f"{queue}@%h",
+            "-c", str(concurrency[queue]), "-P", "prefork", "-O", "fair", "-l", "INFO",
+            # gossip, mingle and event heartbeats need broker broadcast (the embedded
+            # broker has none) and only slow the start; /healthz uses ops heartbeats.
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ]  # fmt: skip
+        specs.append(ChildSpec(f"worker-{_short(queue)}", worker, env, cwd))
+    beat = [python, "-m", "celery", "-A", "config", "beat", "-S", "django_celery_beat.schedulers:DatabaseScheduler",
+            "-l", "INFO"]  # fmt: skip
+    specs.append(ChildSpec("beat", beat, env, cwd))
+    return specs
+
+
+def _load_examples(*, bootstrap: Bootstrap, say) -> None:
+    """Load ``examples/*.json`` into the default workspace, once, on a fresh installation.
+
+    The engine owns the definition format and its validation; an example it
+    refuses is reported and skipped, never fatal to ``up``.
+    """
+    try:
+        from automations.services import automation_create
+    except ImportError as exc:
+        say(f"examples not loaded: the engine's automation_create is not available ({exc})")
+        return
+    from django.contrib.auth import get_user_model
+
+    from workspaces.models import Workspace
+
+    workspace = Workspace.objects.get(slug=bootstrap.workspace)
+    user = get_user_model().objects.get(username=bootstrap.username)
+    paths = sorted((Path(settings.BASE_DIR) / "examples").glob("*.json"))
+    if not paths:
+        say("examples not loaded: no examples/*.json")
+    for path in paths:
+        try:
+            automation = automation_create(workspace=workspace, definition=json.loads(path.read_text()), user=user)
+        except Exception as exc:
+            say(f"example {path.name} not loaded: {exc}")
+        else:
+            say(f"example {path.name} loaded as automation {automation.pk} ({automation.name})")
+
+
+def _port_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+class Command(BaseCommand):
+    help = "Start autoplane on this machine: migrations, web, one Celery worker per queue, beat. Ctrl-C stops it."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument(
+            "--concurrency", default="fast=2,medium=1,long=1,default=1",
+            help="Worker processes per queue: N for every queue, or fast=2,medium=1,long=1,default=1.",
+        )  # fmt: skip
+        parser.add_argument("--web-workers", type=int, default=min(4, max(2, os.cpu_count() or 2)))
+        parser.add_argument("--stop-timeout", type=float, default=10.0, help="Seconds of grace on Ctrl-C.")
+
+    def say(self, message: str) -> None:
+        self.stdout.write(f"{'up':<13} | {message}")
+
+    def handle(self, *args, host, port, concurrency, web_workers, stop_timeout, **options):
+        started = time.monotonic()
+        per_queue = parse_concurrency(concurrency)
+        if not _port_free(host, port):
+            raise CommandError(f"{host}:{port} is in use; pick another with --port")
+
+        call_command("migrate", interactive=False, verbosity=0)
+        bootstrap = platform_bootstrap()
+        self._ensure_signing_key()
+        if bootstrap is not None:
+            _load_examples(bootstrap=bootstrap, say=self.say)
+        connections.close_all()  # the children open their own
+
+        base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"  # noqa: S104
+        banner = self._banner(base, bootstrap)
+        self.stdout.write(banner)
+        supervisor = Supervisor(
+            build_specs(host=host, port=port, concurrency=per_queue, web_workers=web_workers),
+            stop_timeout=stop_timeout,
+        )
+        threading.Thread(target=self._announce_ready, args=(supervisor, base, started, banner), daemon=True).start()
+        code = supervisor.run()
+        if code:
+            raise SystemExit(code)
+
+    def _ensure_signing_key(self) -> None:
+        if settings.AUTOPLANE_SIGNING_KEY:
+            return
+        path = Path(settings.AUTOPLANE_SIGNING_KEY_FILE)
+        if path.exists():
+            return
+        try:
+            from audit.signing import generate_key_file
+        except ImportError as exc:
+            self.stderr.write(
+                f"ERROR: cannot create the signing key {path}: audit.signing is missing ({exc}). "
+                "Approvals and audit checkpoints will not be signed."
+            )
+            return
+        try:
+            generate_key_file(path)
+        except FileExistsError:
+            return  # another process made it first
+        self.say(f"signing key created: {path}")
+
+    def _banner(self, base: str, bootstrap: Bootstrap | None) -> str:
+        db = settings.DATABASES["default"]
+        database = db["NAME"] if settings.DATABASE_IS_SQLITE else f"{db.get('HOST') or 'localhost'}/{db['NAME']}"
+        broker = settings.CELERY_BROKER_URL.split("@")[-1]  # never print a broker password
+        lines = [
+            "",
+            f"  admin      {base}/admin/",
+            f"  API        {base}/api/v1/   (docs {base}/api/docs/)",
+            f"  health     {base}/healthz   metrics {base}/metrics",
+            f"  database   {database}",
+            f"  broker     {broker}",
+        ]
+        if bootstrap is not None:
+            lines += [
+                f"  login      {bootstrap.username} / {bootstrap.password}   (created now, shown once)",
+                f"  API token  {bootstrap.api_token}   (workspace '{bootstrap.workspace}', role admin)",
+            ]
+        return "\n".join([*lines, "  Ctrl-C stops everything.", ""])
+
+    def _announce_ready(self, supervisor: Supervisor, base: str, started: float, banner: str) -> None:
+        deadline = started + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{base}/healthz", timeout=2) as response:  # noqa: S310
+                    if response.status == 200:
+                        supervisor.say("up", f"autoplane is healthy ({time.monotonic() - started:.1f} s after start)")
+                        for line in banner.splitlines():
+                            supervisor.say("up", line)
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        supervisor.say("up", f"not healthy after {READY_TIMEOUT:.0f} s: see {base}/healthz")
