@@ -1,13 +1,52 @@
 """The approval gate the executor calls for a ``confirm`` step (SPEC §7.3).
 
-``check_step`` answers whether the step may run now. The full implementation
-(Approval rows, Ed25519 tokens, standing approvals) lives in this app.
+``check_step`` answers whether the step may run *now*:
+
+1. a **standing approval** for this automation and capability that is
+   unrevoked, unexpired, under its use limit, correctly signed and whose
+   argument constraint accepts the rendered config → ``approved`` (one use is
+   taken with a conditional UPDATE, so concurrent runs cannot overspend it);
+2. otherwise the step's **Approval** for this run decides:
+
+   ========================  ==============================================
+   no approval yet           create one (``pending``, ``created=True``)
+   plan hash differs         invalidate the old one, create a new one
+   pending                   ``pending`` (``expired`` once past its expiry)
+   denied / expired          ``denied`` / ``expired`` (whatever the plan hash)
+   approved                  verify the token, consume its nonce → ``approved``
+   consumed / invalidated    create a fresh one: a token is never reused
+   ========================  ==============================================
+
+A row flipped to ``approved`` in the database has no valid token and is
+refused; a token copied from elsewhere is bound to another approval, run or
+step; a token whose nonce is already in ``ConsumedNonce`` is a replay. Every
+refusal is audited and leaves the approval ``invalidated``.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from audit import writer
+from audit.models import Outcome
+from audit.redaction import redact
+
+from . import tokens
+from .models import Approval, ApprovalStatus, ConsumedNonce, StandingApproval
+
+logger = logging.getLogger(__name__)
+
+# An explicit ``require_approval`` step always asks a human: standing approvals never cover it.
+EXPLICIT_ACTION = "require_approval"
 
 
 @dataclass(frozen=True)
@@ -30,6 +69,7 @@ class GateRequest:
     approvals_required: int
     expires_in_seconds: int
     trace_id: str
+    # Optional: "autonomy" (shown in ``why``), "secrets" (values redacted from what is stored).
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -38,7 +78,268 @@ class Verdict:
     status: str  # approved | pending | denied | expired | invalid
     message: str = ""
     approval_id: str | None = None
+    # True when this call created the pending approval (the caller publishes approval.requested).
+    created: bool = False
+    why: str = ""
+    expires_at: datetime | None = None
 
 
 def check_step(request: GateRequest) -> Verdict:
-    return Verdict("invalid", "approvals are not configured on this platform yet")
+    now = timezone.now()
+    if request.action != EXPLICIT_ACTION:
+        verdict = _use_standing(request, now)
+        if verdict is not None:
+            return verdict
+    try:
+        with transaction.atomic():
+            return _decide(request, now)
+    except IntegrityError:
+        # Another executor created the live approval for this step at the same moment.
+        with transaction.atomic():
+            live = _latest(request)
+        if live is not None and live.status == ApprovalStatus.PENDING and live.plan_hash == request.plan_hash:
+            return _pending(live)
+        raise
+
+
+# --- standing approvals ---------------------------------------------------------
+
+
+def standing_bounds(standing: StandingApproval) -> dict[str, Any]:
+    return {
+        "standing_id": str(standing.pk),
+        "workspace_id": standing.workspace_id,
+        "automation_id": str(standing.automation_id),
+        "capability_id": standing.capability_id,
+        "max_uses": standing.max_uses,
+        "expires_at": standing.expires_at,
+        "arg_constraint": standing.arg_constraint,
+        "created_by": standing.created_by_id,
+    }
+
+
+def standing_signature_valid(standing: StandingApproval) -> bool:
+    return tokens.standing_valid(standing.key_id, standing.signature, **standing_bounds(standing))
+
+
+def _accepts(constraint: Any, what: Any) -> bool:
+    """``arg_constraint`` is a JSON Schema over the step's whole rendered config (``what``).
+
+    For ``call_capability`` that config is ``{"capability": ..., "args": {...}}``,
+    so constraints on the arguments go under ``properties.args``.
+    """
+    if constraint is None:
+        return True
+    try:
+        return Draft202012Validator(constraint).is_valid(what)
+    except SchemaError:
+        return False
+
+
+def _use_standing(request: GateRequest, now: datetime) -> Verdict | None:
+    candidates = StandingApproval.objects.filter(
+        workspace_id=request.workspace_id,
+        automation_id=request.automation_id,
+        capability_id=request.capability_id,
+        revoked=False,
+        expires_at__gt=now,
+        uses__lt=F("max_uses"),
+    ).order_by("expires_at", "created_at")
+    for standing in candidates:
+        if not standing_signature_valid(standing):
+            with transaction.atomic():
+                _audit(request, "approval.standing.rejected",
+                       f"standing approval {standing.pk} ignored: its signature does not match its bounds",
+                       Outcome.FAILURE, refs={"standing_approval": str(standing.pk)})  # fmt: skip
+            continue
+        if not _accepts(standing.arg_constraint, request.what):
+            continue
+        with transaction.atomic():
+            taken = StandingApproval.objects.filter(
+                pk=standing.pk, revoked=False, expires_at__gt=now, uses__lt=F("max_uses")
+            ).update(uses=F("uses") + 1)
+            if not taken:
+                continue  # used up (or revoked) by someone else just now
+            uses = StandingApproval.objects.filter(pk=standing.pk).values_list("uses", flat=True).get()
+            _audit(request, "approval.standing.used",
+                   f"{request.step_id}: pre-authorised by a standing approval (use {uses} of {standing.max_uses})",
+                   Outcome.SUCCESS, refs={"standing_approval": str(standing.pk)},
+                   payload={"uses": uses, "max_uses": standing.max_uses, "plan_hash": request.plan_hash})  # fmt: skip
+        return Verdict("approved", "pre-authorised by a standing approval")
+    return None
+
+
+# --- per-step approvals ------------------------------------------------------------
+
+
+def _latest(request: GateRequest) -> Approval | None:
+    return (
+        Approval.objects.select_for_update()
+        .filter(run_id=request.run_id, step_key=request.step_key)
+        .order_by("-created_at")
+        .first()
+    )
+
+
+def _decide(request: GateRequest, now: datetime) -> Verdict:
+    approval = _latest(request)
+    if approval is None:
+        return _create(request, now)
+    # A denial or expiry ends the step whatever was rendered since: re-rendering must not escape it.
+    if approval.status in (ApprovalStatus.DENIED, ApprovalStatus.EXPIRED):
+        _settle(approval, now)
+        return Verdict(approval.status, _ENDED[approval.status], approval_id=str(approval.pk))
+    if approval.plan_hash != request.plan_hash:
+        if approval.status in (ApprovalStatus.PENDING, ApprovalStatus.APPROVED):
+            _invalidate(request, approval, "plan_changed",
+                        "what would run changed after the approval was requested; asking again")  # fmt: skip
+        return _create(request, now)
+    if approval.status == ApprovalStatus.PENDING:
+        if approval.expires_at <= now:
+            return _expire_now(request, approval, now)
+        return _pending(approval)
+    if approval.status == ApprovalStatus.APPROVED:
+        return _consume(request, approval, now)
+    # consumed (e.g. the worker died after consuming) or invalidated: never run on an old token.
+    return _create(request, now)
+
+
+_ENDED = {
+    ApprovalStatus.DENIED: "the approval was denied",
+    ApprovalStatus.EXPIRED: "the approval expired before anyone decided",
+}
+
+
+def _pending(approval: Approval, created: bool = False) -> Verdict:
+    return Verdict(
+        "pending", "waiting for approval", approval_id=str(approval.pk), created=created,
+        why=approval.why, expires_at=approval.expires_at,
+    )  # fmt: skip
+
+
+def why_text(request: GateRequest) -> str:
+    if request.action == EXPLICIT_ACTION:
+        text = "explicit approval step"
+    else:
+        autonomy = request.extra.get("autonomy")
+        text = f"{request.risk}-risk step" + (
+            f" at autonomy {autonomy}" if autonomy else " needs a human decision"
+        )
+    if request.reasons:
+        text += " (risk raised: " + "; ".join(request.reasons) + ")"
+    return text
+
+
+def _create(request: GateRequest, now: datetime) -> Verdict:
+    secrets = list(request.extra.get("secrets") or ())
+    approval = Approval.objects.create(
+        workspace_id=request.workspace_id,
+        run_id=request.run_id,
+        automation_id=request.automation_id,
+        automation_name=request.automation_name[:200],
+        step_key=request.step_key,
+        step_id=request.step_id,
+        action=request.action,
+        capability_id=request.capability_id,
+        risk=request.risk,
+        reasons=list(request.reasons),
+        what=redact(request.what, secrets),
+        why=why_text(request),
+        message=redact(request.message, secrets),
+        plan_hash=request.plan_hash,
+        requested_by=request.requested_by,
+        last_editor_id=request.last_editor_id,
+        trace_id=request.trace_id,
+        approvals_required=max(1, int(request.approvals_required)),
+        expires_at=now + timedelta(seconds=max(1, int(request.expires_in_seconds))),
+    )
+    refs = {"approval": str(approval.pk)}
+    _audit(request, "gate.required", f"{request.step_id}: {approval.why}", refs=refs,
+           payload={"risk": request.risk, "reasons": request.reasons, "action": request.action,
+                    "capability": request.capability_id})  # fmt: skip
+    _audit(request, "approval.requested",
+           f"{request.step_id}: approval requested ({approval.approvals_required} approver(s))", refs=refs,
+           payload={"plan_hash": request.plan_hash, "expires_at": approval.expires_at.isoformat(),
+                    "approvals_required": approval.approvals_required, "what": approval.what},
+           secrets=secrets)  # fmt: skip
+    return _pending(approval, created=True)
+
+
+def _invalidate(request: GateRequest, approval: Approval, reason: str, summary: str) -> None:
+    Approval.objects.filter(pk=approval.pk, status=approval.status).update(status=ApprovalStatus.INVALIDATED)
+    _audit(request, "approval.invalidated", f"{request.step_id}: {summary}", Outcome.FAILURE,
+           refs={"approval": str(approval.pk)},
+           payload={"reason": reason, "previous_status": approval.status,
+                    "approved_plan_hash": approval.plan_hash, "plan_hash": request.plan_hash})  # fmt: skip
+
+
+def _expire_now(request: GateRequest, approval: Approval, now: datetime) -> Verdict:
+    Approval.objects.filter(pk=approval.pk, status=ApprovalStatus.PENDING).update(
+        status=ApprovalStatus.EXPIRED, decided_at=now, settled_at=now
+    )
+    _audit(request, "approval.expired", f"{request.step_id}: the approval expired undecided", Outcome.FAILURE,
+           refs={"approval": str(approval.pk)})  # fmt: skip
+    return Verdict("expired", _ENDED[ApprovalStatus.EXPIRED], approval_id=str(approval.pk))
+
+
+def _settle(approval: Approval, now: datetime) -> None:
+    if approval.settled_at is None:
+        Approval.objects.filter(pk=approval.pk, settled_at__isnull=True).update(settled_at=now)
+
+
+def _consume(request: GateRequest, approval: Approval, now: datetime) -> Verdict:
+    refs = {"approval": str(approval.pk)}
+    try:
+        payload = tokens.verify(
+            approval.token, approval_id=str(approval.pk), run_id=request.run_id, step_key=request.step_key,
+            plan_hash=request.plan_hash, now=now,
+        )  # fmt: skip
+    except tokens.TokenInvalid as exc:
+        # An unused token that ran out of time is an expiry; anything else is a forgery or a mix-up.
+        status = ApprovalStatus.EXPIRED if exc.reason == "expired" else ApprovalStatus.INVALIDATED
+        Approval.objects.filter(pk=approval.pk, status=ApprovalStatus.APPROVED).update(
+            status=status, settled_at=now
+        )
+        _audit(request, "approval.token_rejected", f"{request.step_id}: approval token rejected ({exc.reason})",
+               Outcome.FAILURE, refs=refs, payload={"reason": exc.reason})  # fmt: skip
+        if status == ApprovalStatus.EXPIRED:
+            return Verdict(
+                "expired", "the approval token expired before the step ran", approval_id=str(approval.pk)
+            )
+        return Verdict("invalid", "the approval could not be verified; the step was not run",
+                       approval_id=str(approval.pk))  # fmt: skip
+    try:
+        with transaction.atomic():
+            ConsumedNonce.objects.create(nonce=f"token:{payload['nonce']}", approval_id=approval.pk)
+    except IntegrityError:
+        Approval.objects.filter(pk=approval.pk, status=ApprovalStatus.APPROVED).update(
+            status=ApprovalStatus.INVALIDATED, settled_at=now
+        )
+        _audit(request, "approval.replay_refused", f"{request.step_id}: approval token already used (replay)",
+               Outcome.FAILURE, refs=refs, payload={"key_id": payload["kid"]})  # fmt: skip
+        return Verdict("invalid", "this approval was already used; the step was not run again",
+                       approval_id=str(approval.pk))  # fmt: skip
+    updated = Approval.objects.filter(pk=approval.pk, status=ApprovalStatus.APPROVED).update(
+        status=ApprovalStatus.CONSUMED, settled_at=now
+    )
+    if not updated:  # cannot happen under the row lock; refuse rather than guess
+        raise IntegrityError("approval changed while its token was being consumed")
+    _audit(request, "approval.consumed", f"{request.step_id}: approval verified and consumed", Outcome.SUCCESS,
+           refs=refs, payload={"key_id": payload["kid"], "plan_hash": request.plan_hash})  # fmt: skip
+    return Verdict("approved", "approved", approval_id=str(approval.pk))
+
+
+def _audit(request: GateRequest, type: str, summary: str, outcome: str = Outcome.INFO, **extra: Any) -> None:
+    writer.append(
+        trace_id=request.trace_id,
+        type=type,
+        summary=summary,
+        outcome=outcome,
+        workspace_id=request.workspace_id,
+        stage="gate",
+        refs={"run": request.run_id, "step": request.step_id, "automation": request.automation_id,
+              **extra.pop("refs", {})},
+        actor="system:approvals",
+        payload=extra.pop("payload", {}),
+        secrets=extra.pop("secrets", ()),
+    )  # fmt: skip

@@ -25,7 +25,17 @@ GATE_MATRIX: dict[str, tuple[Decision, Decision, Decision, Decision]] = {
     "A4": (_A, _A, _A, _C),
 }
 
-DESTRUCTIVE_VERBS = ("delete", "remove", "destroy", "drop", "purge", "truncate", "wipe", "revoke", "terminate")
+DESTRUCTIVE_VERBS = (
+    "delete",
+    "remove",
+    "destroy",
+    "drop",
+    "purge",
+    "truncate",
+    "wipe",
+    "revoke",
+    "terminate",
+)
 MANY_RECIPIENTS = 10
 
 

@@ -9,9 +9,9 @@ transaction ends, so append as late in the transaction as is natural.
 On PostgreSQL an append is one SQL statement (lock the head, compute the hash,
 move the head, insert the row): the database computes sha256 over the same
 canonical JSON that :func:`event_hash` builds, with ``prev_hash``, ``seq`` and
-``timestamp`` filled in under the lock. Elsewhere (SQLite, where a write
-transaction already holds the database's one write lock) it is three short
-statements. Both paths produce rows that :func:`event_hash` reproduces exactly.
+``timestamp`` filled in under the lock. On SQLite, where a write transaction
+holds the database's one write lock, it is four short statements with the hash
+computed here. Both paths produce rows that :func:`event_hash` reproduces exactly.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connections, router, transaction
 from django.utils import timezone
 
-from .models import AuditChainHead, AuditEvent, Outcome
+from .models import AuditEvent, Outcome
 from .redaction import redact
 
 GENESIS_HASH = "0" * 64
@@ -185,22 +185,46 @@ def _append_postgresql(connection, fields: dict[str, Any]) -> AuditEvent:
     return event
 
 
-def _append_portable(alias: str, fields: dict[str, Any]) -> AuditEvent:
-    # savepoint=False: a failed append must fail the caller's transaction anyway,
-    # and skipping the savepoint saves two statements per event.
-    with transaction.atomic(using=alias, savepoint=False):
-        heads = AuditChainHead.objects.using(alias).select_for_update()
-        head = heads.filter(chain=fields["chain"]).values_list("id", "seq", "head_hash").first()
-        if head is None:
-            AuditChainHead.objects.using(alias).get_or_create(chain=fields["chain"])
-            head = heads.filter(chain=fields["chain"]).values_list("id", "seq", "head_hash").get()
-        head_id, seq, head_hash = head
-        fields.update(seq=seq + 1, prev_hash=head_hash, timestamp=timezone.now())
+_SQLITE_INSERT = """
+INSERT INTO audit_auditevent
+    (chain, seq, timestamp, trace_id, stage, type, summary, outcome,
+     workspace_id, refs, actor, payload, prev_hash, hash)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+"""
+
+
+def _append_sqlite(connection, fields: dict[str, Any]) -> AuditEvent:
+    # SQLite has one writer at a time. Moving the head first takes the write lock
+    # even in a DEFERRED transaction, so the head read next cannot be stale.
+    # savepoint=False: a failed append must fail the caller's transaction anyway.
+    chain = fields["chain"]
+    with transaction.atomic(using=connection.alias, savepoint=False), connection.cursor() as cursor:
+        cursor.execute("UPDATE audit_auditchainhead SET seq = seq + 1 WHERE chain = %s", [chain])
+        if cursor.rowcount == 0:
+            cursor.execute(
+                "INSERT INTO audit_auditchainhead (chain, seq, head_hash) VALUES (%s, 1, %s)",
+                [chain, GENESIS_HASH],
+            )
+        cursor.execute("SELECT seq, head_hash FROM audit_auditchainhead WHERE chain = %s", [chain])
+        seq, prev_hash = cursor.fetchone()
+        fields.update(seq=seq, prev_hash=prev_hash, timestamp=timezone.now())
         fields["hash"] = event_hash(fields)
-        event = AuditEvent.objects.using(alias).create(**fields)
-        AuditChainHead.objects.using(alias).filter(pk=head_id).update(
-            seq=fields["seq"], head_hash=fields["hash"]
+        cursor.execute(
+            _SQLITE_INSERT,
+            [
+                chain, seq, connection.ops.adapt_datetimefield_value(fields["timestamp"]), fields["trace_id"],
+                fields["stage"], fields["type"], fields["summary"], fields["outcome"], fields["workspace_id"],
+                canonical_json(fields["refs"]), fields["actor"], canonical_json(fields["payload"]),
+                prev_hash, fields["hash"],
+            ],
+        )  # fmt: skip
+        event_id = cursor.lastrowid
+        cursor.execute(
+            "UPDATE audit_auditchainhead SET head_hash = %s WHERE chain = %s", [fields["hash"], chain]
         )
+    event = AuditEvent(id=event_id, **fields)
+    event._state.adding = False
+    event._state.db = connection.alias
     return event
 
 
@@ -244,8 +268,9 @@ def append(
     for name, limit in _FIELD_LIMITS.items():
         if len(fields[name]) > limit:
             raise ValueError(f"audit {name} longer than {limit} characters")
-    alias = router.db_for_write(AuditEvent)
-    connection = connections[alias]
+    connection = connections[router.db_for_write(AuditEvent)]
     if connection.vendor == "postgresql":
         return _append_postgresql(connection, fields)
-    return _append_portable(alias, fields)
+    if connection.vendor == "sqlite":
+        return _append_sqlite(connection, fields)
+    raise NotImplementedError(f"the audit ledger supports PostgreSQL and SQLite, not {connection.vendor}")

@@ -67,7 +67,7 @@ _TRIGGER_CONFIGS = {
         "type": "object",
         "additionalProperties": False,
         "properties": {
-            "input_mapping": {"type": "object", "additionalProperties": {"type": "string", "maxLength": 256}},
+            "input_mapping": {"type": "object", "additionalProperties": {"type": "string", "pattern": "^\\$", "maxLength": 256}},
             "require_signature": {"type": "boolean"},
             "rate_limit_per_minute": {"type": "integer", "minimum": 1, "maximum": 100000},
         },
@@ -79,7 +79,7 @@ _TRIGGER_CONFIGS = {
         "properties": {
             "event_type": {"type": "string", "pattern": "^[a-z0-9_.-]{1,128}$"},
             "filter": {"type": "object"},
-            "input_mapping": {"type": "object", "additionalProperties": {"type": "string", "maxLength": 256}},
+            "input_mapping": {"type": "object", "additionalProperties": {"type": "string", "pattern": "^\\$", "maxLength": 256}},
         },
     },
 }

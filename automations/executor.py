@@ -78,12 +78,11 @@ def _claimant_is_dead(claimed_by: str) -> bool:
     if host != socket.gethostname() or not pid.isdigit():
         return False
     try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
+        # A killed process stays a zombie until its parent reaps it; that is dead too.
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]  # noqa: SIM115
+    except OSError:
         return True
-    except PermissionError:
-        return False
-    return False
+    return state in ("Z", "X")
 
 
 def claim(run_id: str, me: str) -> Run | None:

@@ -79,7 +79,7 @@ def approval_gate(
         return approval_gates.Verdict("invalid", "the automation was edited after this run started; re-run it")
     step_key = f"{step_run.phase}:{step_run.index}:{step['step_id']}"
     execution = run.snapshot.get("execution") or {}
-    return approval_gates.check_step(
+    verdict = approval_gates.check_step(
         approval_gates.GateRequest(
             workspace_id=run.workspace_id,
             run_id=str(run.pk),
@@ -101,6 +101,17 @@ def approval_gate(
             trace_id=run.trace_id,
         )
     )
+    if verdict.created:
+        events.publish(
+            workspace_id=run.workspace_id, event_type="approval.requested", source="approvals",
+            payload={
+                "approval_id": verdict.approval_id, "run_id": str(run.pk), "automation_id": str(run.automation_id),
+                "automation_name": run.snapshot.get("name", ""), "step_id": step["step_id"], "risk": risk.label,
+                "why": verdict.why, "expires_at": verdict.expires_at.isoformat() if verdict.expires_at else None,
+            },
+            trace_id=run.trace_id, chain_depth=run.chain_depth + 1, parent_run_id=str(run.pk),
+        )  # fmt: skip
+    return verdict
 
 
 def schedule_wake(run: Run, wake_at: datetime) -> None:

@@ -29,7 +29,7 @@ import re
 import tempfile
 import uuid
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -105,12 +105,16 @@ def _embedded_keys() -> list[str]:
             os.close(fd)
             try:
                 os.link(tmp, path)
-                logger.warning("generated a credential encryption key in %s; back it up with the database", path)
+                logger.warning(
+                    "generated a credential encryption key in %s; back it up with the database", path
+                )
             except FileExistsError:
                 pass
         finally:
             os.unlink(tmp)
-    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    return [
+        line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")
+    ]
 
 
 def configured_keys() -> tuple[str, ...]:
@@ -158,11 +162,13 @@ def _check_name(name: Any) -> str:
 
 def _check_kind(kind: Any) -> str:
     if kind not in KIND_FIELDS:
-        raise CredentialError("INVALID_ARGUMENT", f"kind must be one of {', '.join(KIND_FIELDS)}", path="/kind")
+        raise CredentialError(
+            "INVALID_ARGUMENT", f"kind must be one of {', '.join(KIND_FIELDS)}", path="/kind"
+        )
     return str(kind)
 
 
-def _check_secret(kind: str, secret: Any, *, partial: bool = False) -> dict[str, str]:
+def check_secret(kind: str, secret: Any, *, partial: bool = False) -> dict[str, str]:
     required, optional, _, _ = KIND_FIELDS[kind]
     if not isinstance(secret, Mapping):
         raise CredentialError("INVALID_ARGUMENT", "secret must be an object", path="/secret")
@@ -170,12 +176,16 @@ def _check_secret(kind: str, secret: Any, *, partial: bool = False) -> dict[str,
     if unknown:
         # Field names only: the values are secret.
         raise CredentialError(
-            "INVALID_ARGUMENT", f"unknown secret field(s) for {kind}: {', '.join(sorted(unknown))}", path="/secret"
+            "INVALID_ARGUMENT",
+            f"unknown secret field(s) for {kind}: {', '.join(sorted(unknown))}",
+            path="/secret",
         )
     missing = set() if partial else required - set(secret)
     if missing:
         raise CredentialError(
-            "INVALID_ARGUMENT", f"missing secret field(s) for {kind}: {', '.join(sorted(missing))}", path="/secret"
+            "INVALID_ARGUMENT",
+            f"missing secret field(s) for {kind}: {', '.join(sorted(missing))}",
+            path="/secret",
         )
     clean: dict[str, str] = {}
     for key, value in secret.items():
@@ -185,13 +195,15 @@ def _check_secret(kind: str, secret: Any, *, partial: bool = False) -> dict[str,
             )
         if "\r" in value or "\n" in value:
             raise CredentialError(
-                "INVALID_ARGUMENT", f"secret field '{key}' must not contain line breaks", path=f"/secret/{key}"
+                "INVALID_ARGUMENT",
+                f"secret field '{key}' must not contain line breaks",
+                path=f"/secret/{key}",
             )
         clean[key] = value
     return clean
 
 
-def _check_metadata(kind: str, metadata: Any) -> dict[str, Any]:
+def check_metadata(kind: str, metadata: Any) -> dict[str, Any]:
     _, _, required, optional = KIND_FIELDS[kind]
     metadata = {} if metadata is None else metadata
     if not isinstance(metadata, Mapping):
@@ -213,9 +225,13 @@ def _check_metadata(kind: str, metadata: Any) -> dict[str, Any]:
     if kind == CredentialKind.OAUTH2:
         for key in ("token_url", "client_id"):
             if not isinstance(clean.get(key), str) or not clean[key]:
-                raise CredentialError("INVALID_ARGUMENT", f"{key} must be a non-empty string", path=f"/metadata/{key}")
+                raise CredentialError(
+                    "INVALID_ARGUMENT", f"{key} must be a non-empty string", path=f"/metadata/{key}"
+                )
         if not re.match(r"^https?://", clean["token_url"], re.IGNORECASE):
-            raise CredentialError("INVALID_ARGUMENT", "token_url must be an http(s) URL", path="/metadata/token_url")
+            raise CredentialError(
+                "INVALID_ARGUMENT", "token_url must be an http(s) URL", path="/metadata/token_url"
+            )
         scopes = clean.get("scopes")
         if scopes is not None and not (
             isinstance(scopes, str) or (isinstance(scopes, list) and all(isinstance(s, str) for s in scopes))
@@ -235,7 +251,7 @@ def _parse_time(value: Any) -> datetime | None:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         return None
-    return parsed if parsed.tzinfo else timezone.make_aware(parsed, timezone.utc)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def secret_values(kind: str, secret: Mapping[str, str]) -> list[str]:
@@ -267,14 +283,22 @@ def _audit(credential: Credential, type: str, summary: str, *, user=None, secret
 
 @transaction.atomic
 def credential_create(
-    *, workspace, name: str, kind: str, secret: Mapping[str, Any], metadata: Mapping[str, Any] | None = None, user=None
+    *,
+    workspace,
+    name: str,
+    kind: str,
+    secret: Mapping[str, Any],
+    metadata: Mapping[str, Any] | None = None,
+    user=None,
 ) -> Credential:
     name = _check_name(name)
     kind = _check_kind(kind)
-    clean_secret = _check_secret(kind, secret)
-    clean_metadata = _check_metadata(kind, metadata)
+    clean_secret = check_secret(kind, secret)
+    clean_metadata = check_metadata(kind, metadata)
     if Credential.objects.filter(workspace=workspace, name=name).exists():
-        raise CredentialError("CONFLICT", f"a credential named '{name}' already exists in this workspace", path="/name")
+        raise CredentialError(
+            "CONFLICT", f"a credential named '{name}' already exists in this workspace", path="/name"
+        )
     credential = Credential.objects.create(
         workspace=workspace, name=name, kind=kind, encrypted_value=encrypt(clean_secret), metadata=clean_metadata,
         created_by=user if user is not None and user.is_authenticated else None,
@@ -295,13 +319,13 @@ def credential_update_secret(
     secrets: list[str] = []
     fields = ["updated_at"]
     if secret is not None:
-        clean_secret = _check_secret(credential.kind, secret)
+        clean_secret = check_secret(credential.kind, secret)
         credential.encrypted_value = encrypt(clean_secret)
         secrets = secret_values(credential.kind, clean_secret)
         changed.append("secret")
         fields.append("encrypted_value")
     if metadata is not None:
-        credential.metadata = _check_metadata(credential.kind, metadata)
+        credential.metadata = check_metadata(credential.kind, metadata)
         changed.append("metadata")
         fields.append("metadata")
     if not changed:
@@ -325,7 +349,9 @@ def credential_names(workspace_id: int) -> set[str]:
     return set(Credential.objects.filter(workspace_id=workspace_id).values_list("name", flat=True))
 
 
-def credential_resolve(*, workspace_id: int, name: str, trace_id: str | None = None) -> tuple[dict[str, Any], list[str]]:
+def credential_resolve(
+    *, workspace_id: int, name: str, trace_id: str | None = None
+) -> tuple[dict[str, Any], list[str]]:
     """Decrypt ``name`` in ``workspace_id`` now: ``(value, secret strings to redact)``.
 
     ``value`` carries ``kind`` and the secret fields (for oauth2 a fresh
@@ -400,11 +426,17 @@ def _fresh_oauth2(credential: Credential, secret: dict[str, str], *, trace_id: s
     return theirs if theirs.get("access_token") else fresh
 
 
-def _request_token(credential: Credential, secret: Mapping[str, str]) -> tuple[dict[str, str], datetime | None]:
+def _request_token(
+    credential: Credential, secret: Mapping[str, str]
+) -> tuple[dict[str, str], datetime | None]:
     from . import egress
 
     metadata = credential.metadata
-    form = {"grant_type": "refresh_token", "refresh_token": secret["refresh_token"], "client_id": metadata["client_id"]}
+    form = {
+        "grant_type": "refresh_token",
+        "refresh_token": secret["refresh_token"],
+        "client_id": metadata["client_id"],
+    }
     if secret.get("client_secret"):
         form["client_secret"] = secret["client_secret"]
     scopes = metadata.get("scopes")
@@ -478,9 +510,9 @@ def credentials_rotate(*, batch_size: int = 200) -> int:
     last_pk = 0
     while True:
         batch = list(
-            Credential.objects.filter(pk__gt=last_pk).order_by("pk").values_list("pk", "workspace_id", "encrypted_value")[
-                :batch_size
-            ]
+            Credential.objects.filter(pk__gt=last_pk)
+            .order_by("pk")
+            .values_list("pk", "workspace_id", "encrypted_value")[:batch_size]
         )
         if not batch:
             break

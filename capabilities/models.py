@@ -37,7 +37,9 @@ class Credential(models.Model):
 
     class Meta:
         ordering = ["workspace", "name"]
-        constraints = [models.UniqueConstraint(fields=["workspace", "name"], name="credential_ws_name_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "name"], name="credential_ws_name_unique")
+        ]
 
     def __str__(self) -> str:
         return f"{self.workspace_id}/{self.name} ({self.kind})"
@@ -70,7 +72,9 @@ class McpServer(models.Model):
 
     class Meta:
         ordering = ["workspace", "slug"]
-        constraints = [models.UniqueConstraint(fields=["workspace", "slug"], name="mcp_server_ws_slug_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["workspace", "slug"], name="mcp_server_ws_slug_unique")
+        ]
         verbose_name = "MCP server"
 
     def __str__(self) -> str:

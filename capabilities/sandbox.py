@@ -469,14 +469,18 @@ def get_backend(name: str) -> SandboxBackend:
 
 
 def backend_from_settings() -> SandboxBackend:
-    """``settings.AUTOPLANE_SANDBOX_BACKEND`` (default ``bubblewrap``); Django is optional."""
+    """``settings.AUTOPLANE_SANDBOX_BACKEND`` (default ``bubblewrap``) and, for bubblewrap,
+    ``settings.AUTOPLANE_BWRAP_PATH`` (default ``bwrap`` on ``PATH``); Django is optional."""
     name = "bubblewrap"
     try:
         from django.conf import settings
     except ImportError:
         return get_backend(name)
-    if settings.configured:
-        name = getattr(settings, "AUTOPLANE_SANDBOX_BACKEND", name)
+    if not settings.configured:
+        return get_backend(name)
+    name = getattr(settings, "AUTOPLANE_SANDBOX_BACKEND", name)
+    if name == "bubblewrap":
+        return BubblewrapBackend(bwrap=getattr(settings, "AUTOPLANE_BWRAP_PATH", None) or "bwrap")
     return get_backend(name)
 
 

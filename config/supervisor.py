@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -87,16 +87,20 @@ class Supervisor:
         *,
         stop_timeout: float = 10.0,
         out: TextIO | None = None,
-        on_crash_loop: Callable[[str], None] | None = None,
+        crash_limit: int = CRASH_LIMIT,
+        crash_window: float = CRASH_WINDOW,
+        backoff_start: float = BACKOFF_START,
     ):
-        self.children = [_Child(spec) for spec in specs]
+        self.children = [_Child(spec, backoff=backoff_start) for spec in specs]
         self.stop_timeout = stop_timeout
+        self.crash_limit = crash_limit
+        self.crash_window = crash_window
+        self.backoff_start = backoff_start
         self.out = out or sys.stdout
         self._out_lock = threading.Lock()
         self._stopping = threading.Event()
         self._signals = 0
         self._width = max((len(spec.name) for spec in specs), default=4)
-        self._on_crash_loop = on_crash_loop
 
     # --- output -----------------------------------------------------------
     def say(self, name: str, line: str) -> None:
@@ -142,18 +146,16 @@ class Supervisor:
                 if code is None:
                     continue
                 kill_group(child.proc.pid, signal.SIGKILL)  # whatever it forked dies with it
-                if now - child.started_at > CRASH_WINDOW:
-                    child.backoff = BACKOFF_START  # it had been running fine: start the backoff over
+                if now - child.started_at > self.crash_window:
+                    child.backoff = self.backoff_start  # it had been running fine: start the backoff over
                 child.crashes.append(now)
-                while child.crashes and now - child.crashes[0] > CRASH_WINDOW:
+                while child.crashes and now - child.crashes[0] > self.crash_window:
                     child.crashes.popleft()
-                if len(child.crashes) >= CRASH_LIMIT:
-                    message = f"{child.spec.name} exited {len(child.crashes)} times in {CRASH_WINDOW:.0f} s; giving up"
-                    self.say("up", message)
-                    if self._on_crash_loop:
-                        self._on_crash_loop(child.spec.name)
+                if len(child.crashes) >= self.crash_limit:
+                    self.say("up", f"{child.spec.name} exited {len(child.crashes)} times in "
+                                   f"{self.crash_window:.0f} s; giving up")  # fmt: skip
                     return 1
-                self.say("up", f"{child.spec.name} exited with {code}; restarting in {child.backoff:.0f} s")
+                self.say("up", f"{child.spec.name} exited with {code}; restarting in {child.backoff:g} s")
                 child.restart_at = now + child.backoff
                 child.backoff = min(child.backoff * 2, BACKOFF_MAX)
             elif child.restart_at is not None and now >= child.restart_at:
@@ -199,7 +201,9 @@ class Supervisor:
         self._stopping.set()
 
     def run(self) -> int:
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = {}
+        if threading.current_thread() is threading.main_thread():  # else the caller stops it with stop()
+            previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         code = 0
         try:
             for child in self.children:

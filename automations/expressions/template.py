@@ -95,9 +95,10 @@ def _tick() -> None:
         raise TemplateLimitError(budget.message)
 
 
-def _reserve(size: int) -> None:
-    """Account for a value about to be built; refuse it before it is allocated."""
-    if size > MAX_OUTPUT_BYTES:
+def _reserve(size: int, *, single: bool = True) -> None:
+    """Account for a value about to be built; refuse it before it is allocated. Every value
+    counts towards the render's total; `single` ones must also fit the output cap."""
+    if single and size > MAX_OUTPUT_BYTES:
         raise TemplateLimitError(_OUTPUT_LIMIT)
     budget = _BUDGET.get()
     if budget is not None:
@@ -109,66 +110,81 @@ def _reserve(size: int) -> None:
 # -- values ----------------------------------------------------------------------------------
 
 
-def _check_text(text: str) -> None:
+def _charge(value: Any, new_items: bool = False) -> None:
+    """Count a value just derived from existing data (a slice, a method's or filter's result)
+    against the render's total, so that repeating it cannot exhaust memory."""
+    if isinstance(value, str):
+        _reserve(len(value), single=False)
+    elif isinstance(value, list | tuple):
+        per_item = 64 if new_items else 8
+        _reserve(
+            sum(len(item) + per_item if isinstance(item, str) else per_item for item in value), single=False
+        )
+
+
+def _check_text(text: str) -> int:
+    """The UTF-8 size of text a template produced, which must be storable (PostgreSQL refuses NUL)."""
     if "\x00" in text:
         raise TemplateError("template produced a NUL character")
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise TemplateError("template produced invalid Unicode text") from None
+    if text.isascii():
+        return len(text)
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise TemplateError("template produced invalid Unicode text") from None
 
 
 def _walk(value: Any, limit: int = MAX_OUTPUT_BYTES, indent: int = 0) -> tuple[Any, int]:
-    """A JSON-safe copy of `value` and its approximate JSON size; refuses sizes over `limit`."""
+    """A JSON-safe copy of `value` (tuples become lists, dates ISO text) and its approximate JSON
+    size; refuses it as soon as the size passes `limit`."""
     size = 0
 
-    def charge(cost: int) -> None:
+    def key_text(key: Any) -> str:
         nonlocal size
-        size += cost
-        if size > limit:
-            raise TemplateLimitError(_OUTPUT_LIMIT)
+        if isinstance(key, int) and not isinstance(key, bool):
+            key = str(key)
+        elif not isinstance(key, str):
+            raise TemplateError("template produced an object key that is not text")
+        size += len(key) + 4
+        return str(key)
 
     def copy(item: Any, depth: int) -> Any:
-        if depth > MAX_NESTING:
-            raise TemplateLimitError("value is nested too deeply")
-        _tick()
-        charge(2 + depth * indent)
-        if isinstance(item, Undefined):
-            item._fail_with_undefined_error()
+        nonlocal size
+        size += 2 + depth * indent
         if isinstance(item, str):
-            _check_text(item)
-            charge(len(item))
-            return str(item)
-        if item is None or isinstance(item, bool):
-            charge(3)
-            return item
-        if isinstance(item, int):
+            size += _check_text(item)
+            result = str(item)
+        elif item is None or isinstance(item, bool):
+            result = item
+        elif isinstance(item, int):
             if item.bit_length() > MAX_INT_BITS:
                 raise TemplateLimitError("number is too large")
-            charge(item.bit_length() // 3)
-            return int(item)
-        if isinstance(item, float):
+            size += item.bit_length() // 3
+            result = int(item)
+        elif isinstance(item, float):
             if not math.isfinite(item):
                 raise TemplateError("template produced a number that is not finite")
-            charge(22)
-            return float(item)
-        if isinstance(item, datetime | date):
-            charge(32)
-            return item.isoformat()
-        if isinstance(item, Mapping):
-            result = {}
-            for key, child in item.items():
-                if not isinstance(key, str):
-                    if not isinstance(key, int) or isinstance(key, bool):
-                        raise TemplateError("template produced an object key that is not text")
-                    key = str(key)
-                charge(len(key) + 4)
-                result[key] = copy(child, depth + 1)
-            return result
-        if isinstance(item, list | tuple | KeysView | ValuesView | ItemsView):
+            size += 22
+            result = float(item)
+        # builtin types first: isinstance against the ABCs is slower
+        elif isinstance(item, dict | list | tuple | Mapping | KeysView | ValuesView | ItemsView):
+            if depth >= MAX_NESTING:
+                raise TemplateLimitError("value is nested too deeply")
+            _tick()
+            if size > limit:
+                raise TemplateLimitError(_OUTPUT_LIMIT)
+            if isinstance(item, Mapping):
+                return {key_text(key): copy(child, depth + 1) for key, child in item.items()}
             return [copy(child, depth + 1) for child in item]
-        raise TemplateError("template produced a value that cannot be represented as JSON")
+        elif isinstance(item, datetime | date):
+            return copy(item.isoformat(), depth)
+        elif isinstance(item, Undefined):
+            item._fail_with_undefined_error()
+        else:
+            raise TemplateError("template produced a value that cannot be represented as JSON")
+        if size > limit:
+            raise TemplateLimitError(_OUTPUT_LIMIT)
+        return result
 
     return copy(value, 0), size
 
@@ -179,6 +195,8 @@ def _to_json(value: Any) -> Any:
 
 def _dumps(value: Any, indent: int | None = None) -> str:
     plain = _walk(value, indent=indent or 0)[0]
+    if not isinstance(plain, dict | list):
+        return json.dumps(plain)  # a scalar: the fast path
     text = json.dumps(plain, ensure_ascii=False, allow_nan=False, indent=indent)
     _reserve(len(text))
     return text
@@ -200,6 +218,13 @@ def _size(value: Any, limit: int) -> int:
             raise TemplateLimitError(_OUTPUT_LIMIT)
         return len(value)
     return _walk(value, limit)[1]
+
+
+def _kind(value: Any) -> str:  # a value's type in JSON words, for messages
+    for kind, name in ((bool, "boolean"), (int | float, "number"), (str, "text"), (Mapping, "object")):
+        if isinstance(value, kind):
+            return name
+    return "list" if isinstance(value, list | tuple) else "null" if value is None else "a non-JSON value"
 
 
 def _is_int(value: Any) -> bool:
@@ -250,7 +275,7 @@ def _percent_format(template: str, args: Any) -> str:
 # -- filters ---------------------------------------------------------------------------------
 
 
-def _filter(func: Any, accepts_undefined: bool = False) -> Any:
+def _filter(func: Any, accepts_undefined: bool = False, builds: bool = False) -> Any:
     # Filters take the context only so that Jinja never runs them while compiling (constant
     # folding), where no budget applies.
     @pass_context
@@ -259,7 +284,10 @@ def _filter(func: Any, accepts_undefined: bool = False) -> Any:
         _tick()
         if isinstance(value, Undefined) and not accepts_undefined:
             value._fail_with_undefined_error()
-        return func(value, *args, **kwargs)
+        result = func(value, *args, **kwargs)
+        if builds:
+            _charge(result)
+        return result
 
     return run
 
@@ -305,8 +333,8 @@ _DATE_FORMAT = re.compile(r"(?:[^%]|%[aAbBcdfGHIjmMpSuUVwWxXyYzZ%])*")
 
 def _date(value: Any, format: str = "%Y-%m-%d") -> str:
     try:
-        if isinstance(value, str):
-            value = datetime.fromisoformat(value.strip()[:64])
+        if isinstance(value, str) and len(value) <= 64:
+            value = datetime.fromisoformat(value.strip())
         elif isinstance(value, int | float) and not isinstance(value, bool):
             value = datetime.fromtimestamp(value, tz=UTC)
     except (ValueError, OverflowError, OSError):
@@ -347,8 +375,9 @@ def _first(value: Any) -> Any:
 
 
 def _last(value: Any) -> Any:
-    items = value if isinstance(value, str | list | tuple) else list(value)
-    return items[-1] if items else _Undefined(hint="last: the sequence is empty")
+    for item in reversed(value):
+        return item
+    return _Undefined(hint="last: the sequence is empty")
 
 
 def _sort(value: Any, reverse: bool = False, case_sensitive: bool = False, attribute: Any = None) -> list:
@@ -400,23 +429,42 @@ def _float(value: Any, default: Any = 0.0) -> Any:
         return default
 
 
+@pass_context
+def _tick_filter(_context: Any, _value: Any) -> bool:
+    _tick()
+    return True
+
+
+@pass_context
+def _concat_filter(_context: Any, values: tuple) -> str:  # the `~` operator
+    _tick()
+    parts = [_text(value) for value in values]
+    _reserve(sum(map(len, parts)))
+    return "".join(parts)
+
+
+# Hooks the compiler wires in (see _prepare); a template cannot name them: not in ALLOWED_FILTERS.
+_HOOKS = {"__tick": _tick_filter, "__concat": _concat_filter}
+
 _FILTERS = {
     "join": _filter(_join),
     "length": _filter(len),
     "default": _filter(_default, accepts_undefined=True),
     "d": _filter(_default, accepts_undefined=True),
-    "upper": _filter(lambda value: _text(value).upper()),
-    "lower": _filter(lambda value: _text(value).lower()),
-    "trim": _filter(lambda value, chars=None: _text(value).strip(None if chars is None else _text(chars))),
-    "truncate": _filter(_truncate),
+    "upper": _filter(lambda value: _text(value).upper(), builds=True),
+    "lower": _filter(lambda value: _text(value).lower(), builds=True),
+    "trim": _filter(
+        lambda value, chars=None: _text(value).strip(None if chars is None else _text(chars)), builds=True
+    ),
+    "truncate": _filter(_truncate, builds=True),
     "tojson": _filter(_tojson),
     "date": _filter(_date),
     "replace": _filter(_replace),
-    "slugify": _filter(_slugify),
+    "slugify": _filter(_slugify, builds=True),
     "first": _filter(_first),
     "last": _filter(_last),
-    "sort": _filter(_sort),
-    "reverse": _filter(_reverse),
+    "sort": _filter(_sort, builds=True),
+    "reverse": _filter(_reverse, builds=True),
     "abs": _filter(abs),
     "round": _filter(_round),
     "int": _filter(_int),
@@ -443,7 +491,6 @@ _SAFE_METHODS: tuple[tuple[Any, frozenset[str]], ...] = (
     (list | tuple, frozenset({"count", "index"})),
     (LoopContext, frozenset({"changed", "cycle"})),
 )
-_HOOKS = frozenset({"tick", "join_operands"})
 
 
 def _method_allowed(owner: Any, name: str) -> bool:
@@ -461,7 +508,7 @@ class _Undefined(StrictUndefined):
         if self._undefined_hint:
             return self._undefined_hint
         name = self._undefined_name
-        shown = repr(name[:64]) if isinstance(name, str) else str(name) if _is_int(name) else ""
+        shown = repr(name[:64]) if isinstance(name, str) else str(name)[:40] if _is_int(name) else ""
         if self._undefined_obj is missing:
             return f"undefined variable {shown}"
         return f"undefined {'attribute' if isinstance(name, str) else 'item'} {shown}".rstrip()
@@ -476,7 +523,7 @@ class _Environment(ImmutableSandboxedEnvironment):
             undefined=_Undefined, finalize=_output, keep_trailing_newline=True, optimized=False, cache_size=0
         )
         self.globals.clear()
-        self.filters = dict(_FILTERS)
+        self.filters = {**_FILTERS, **_HOOKS}
         self.tests = {name: JINJA_TESTS[name] for name in ALLOWED_TESTS}
 
     def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
@@ -489,36 +536,31 @@ class _Environment(ImmutableSandboxedEnvironment):
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         _tick()
-        if attribute.startswith("_"):
-            raise _forbidden(attribute)
         if isinstance(obj, Mapping) and attribute in obj:  # data first: `order.items` is the key
             return obj[attribute]
-        try:
-            value = getattr(obj, attribute)
-        except AttributeError:
-            try:
-                return obj[attribute]
-            except (TypeError, LookupError):
-                return self.undefined(obj=obj, name=attribute)
-        if not self.is_safe_attribute(obj, attribute, value):
-            raise _forbidden(attribute)
-        return value
+        return self._attribute(obj, attribute)
 
     def getitem(self, obj: Any, argument: Any) -> Any:
         _tick()
         try:
-            return obj[argument]
+            value = obj[argument]
         except (TypeError, LookupError):
-            if not isinstance(argument, str):
-                return self.undefined(obj=obj, name=argument)
-        if argument.startswith("_"):
-            raise _forbidden(argument)
-        try:
-            value = getattr(obj, argument)
-        except AttributeError:
+            if isinstance(argument, str):
+                return self._attribute(obj, argument)
             return self.undefined(obj=obj, name=argument)
-        if not self.is_safe_attribute(obj, argument, value):
-            raise _forbidden(argument)
+        if isinstance(argument, slice):
+            _charge(value)
+        return value
+
+    def _attribute(self, obj: Any, name: str) -> Any:
+        if name.startswith("_"):
+            raise _forbidden(name)
+        try:
+            value = getattr(obj, name)
+        except AttributeError:
+            return self.undefined(obj=obj, name=name)
+        if not self.is_safe_attribute(obj, name, value):
+            raise _forbidden(name)
         return value
 
     def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
@@ -526,35 +568,30 @@ class _Environment(ImmutableSandboxedEnvironment):
         if isinstance(obj, Undefined):
             obj._fail_with_undefined_error()
         if isinstance(obj, types.BuiltinMethodType | types.MethodType):
-            owner = obj.__self__
-            allowed = obj.__name__ in _HOOKS if owner is self else _method_allowed(owner, obj.__name__)
+            allowed = _method_allowed(obj.__self__, obj.__name__)
         else:
             allowed = isinstance(obj, Macro | LoopContext)
         if not allowed:
             raise TemplateError("template calls something that is not a permitted function")
-        return context.call(obj, *args, **kwargs)
+        result = context.call(obj, *args, **kwargs)
+        if isinstance(getattr(obj, "__self__", None), str):  # str methods build new text
+            _charge(result, new_items=True)
+        return result
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         _tick()
         if operator == "%" and isinstance(left, str):
             return _percent_format(left, right)
         _check_binop(operator, left, right)
-        return self.binop_table[operator](left, right)
+        try:
+            return self.binop_table[operator](left, right)
+        except TypeError:
+            raise TemplateError(f"cannot apply {operator} to {_kind(left)} and {_kind(right)}") from None
 
     def concat(self, pieces: Any) -> str:  # type: ignore[override]  # buffers of macros and blocks
         pieces = list(pieces)
         _reserve(sum(map(len, pieces)))
         return "".join(pieces)
-
-    def join_operands(self, *values: Any) -> str:  # the `~` operator
-        _tick()
-        parts = [_text(value) for value in values]
-        _reserve(sum(map(len, parts)))
-        return "".join(parts)
-
-    def tick(self) -> bool:  # called at every loop iteration
-        _tick()
-        return True
 
 
 _ENV = _Environment()
@@ -571,7 +608,8 @@ _FORBIDDEN_TAGS = (
     nodes.EvalContextModifier,
 )
 _RESERVED_NAMES = frozenset({"self", "super", "range", "lipsum", "cycler", "joiner", "namespace", "dict"})
-_LITERAL_SAMPLES: dict[type, Any] = {nodes.List: [], nodes.Dict: {}, nodes.Tuple: ()}  # non-constant items
+# Not dict literals: `{'update': 1}.update` is that key, not the method.
+_LITERAL_SAMPLES: dict[type, Any] = {nodes.List: [], nodes.Tuple: ()}
 
 
 def _check_attribute(target: nodes.Node, attr: str) -> None:
@@ -629,12 +667,14 @@ def _check_node(node: nodes.Node) -> None:
     if isinstance(node, nodes.Call) and isinstance(node.node, nodes.Getattr):
         if node.node.attr in ("format", "format_map"):
             raise _forbidden(node.node.attr)
-    if isinstance(node, nodes.BinExpr):
-        _fold(node)
 
 
-def _hook(name: str, lineno: int) -> nodes.Call:
-    return nodes.Call(nodes.EnvironmentAttribute(name, lineno=lineno), [], [], None, None, lineno=lineno)
+def _hook(name: str, value: nodes.Expr, lineno: int) -> nodes.Filter:
+    return nodes.Filter(value, name, [], [], None, None, lineno=lineno)
+
+
+def _tick_hook(lineno: int) -> nodes.Filter:
+    return _hook("__tick", nodes.Const(None, lineno=lineno), lineno)
 
 
 def _prepare(ast: nodes.Template) -> None:
@@ -643,28 +683,34 @@ def _prepare(ast: nodes.Template) -> None:
     Iterative, so a pathologically deep tree fails on the depth limit, not the stack.
     """
     stack: list[tuple[nodes.Node, int]] = [(ast, 0)]
+    operands: set[int] = set()  # operators inside an operator already folded
     while stack:
         node, depth = stack.pop()
         if depth > MAX_NESTING:
             raise TemplateLimitError("template is nested too deeply")
         _check_node(node)
+        if isinstance(node, nodes.BinExpr):
+            if id(node) not in operands:
+                _fold(node)
+            operands.update((id(node.left), id(node.right)))
         for field, value in node.iter_fields():
             children = value if isinstance(value, list) else [value]
             for index, child in enumerate(children):
                 if not isinstance(child, nodes.Node):
                     continue
                 stack.append((child, depth + 1))
-                if isinstance(child, nodes.Concat):  # shares its operand list with the call
-                    hook = _hook("join_operands", child.lineno)
-                    hook.args = child.nodes
+                if isinstance(child, nodes.Concat):  # shares its operand list with the hook
+                    hook = _hook(
+                        "__concat", nodes.Tuple(child.nodes, "load", lineno=child.lineno), child.lineno
+                    )
                     if value is children:
                         children[index] = hook
                     else:
                         setattr(node, field, hook)
-        if isinstance(node, nodes.For):
-            node.body.insert(0, nodes.ExprStmt(_hook("tick", node.lineno), lineno=node.lineno))
+        if isinstance(node, nodes.For):  # every iteration ticks, even an empty or filtered one
+            node.body.insert(0, nodes.ExprStmt(_tick_hook(node.lineno), lineno=node.lineno))
             if node.test is not None:
-                node.test = nodes.And(_hook("tick", node.lineno), node.test, lineno=node.lineno)
+                node.test = nodes.And(_tick_hook(node.lineno), node.test, lineno=node.lineno)
 
 
 class _Compiled(NamedTuple):
@@ -705,7 +751,7 @@ def _guard(doing: str, seconds: float) -> Iterator[None]:
         _BUDGET.reset(token)
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=512)
 def _compile(source: str) -> _Compiled:
     if len(source) > MAX_SOURCE_BYTES:
         raise TemplateLimitError("template is larger than 8 KB")
@@ -769,8 +815,7 @@ def render(source: str, context: Mapping[str, Any]) -> Any:
                 raise TemplateLimitError(_OUTPUT_LIMIT)
             out.append(piece)
         text = "".join(out)
-        _check_text(text)
-        if not text.isascii() and len(text.encode("utf-8")) > MAX_OUTPUT_BYTES:
+        if _check_text(text) > MAX_OUTPUT_BYTES:
             raise TemplateLimitError(_OUTPUT_LIMIT)
         return text
 
@@ -803,6 +848,10 @@ def evaluate_predicate(source: str, context: Mapping[str, Any]) -> bool:
     return bool(value)
 
 
+def _pointer_token(key: Any) -> str:
+    return str(key).replace("~", "~0").replace("/", "~1")  # RFC 6901
+
+
 def iter_templates(value: Any, pointer: str = "") -> Iterator[tuple[str, str]]:
     """(JSON pointer, template) for every templated string in a JSON structure, in order."""
     stack: list[tuple[str, Any]] = [(pointer, value)]
@@ -812,11 +861,6 @@ def iter_templates(value: Any, pointer: str = "") -> Iterator[tuple[str, str]]:
             if is_template(item):
                 yield path, item
         elif isinstance(item, Mapping):
-            escaped = (str(key).replace("~", "~0").replace("/", "~1") for key in item)
-            stack.extend(
-                reversed(
-                    [(f"{path}/{key}", child) for key, child in zip(escaped, item.values(), strict=True)]
-                )
-            )
+            stack.extend(reversed([(f"{path}/{_pointer_token(key)}", child) for key, child in item.items()]))
         elif isinstance(item, list | tuple):
             stack.extend(reversed([(f"{path}/{index}", child) for index, child in enumerate(item)]))

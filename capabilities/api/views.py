@@ -1,14 +1,30 @@
 from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
+from rest_framework import generics, status
+from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from workspaces.access import workspaces_for
-from workspaces.models import Permission
+from config.api_errors import ApiError, ValidationErrors
+from workspaces.access import default_workspace_for, has_permission, workspaces_for
+from workspaces.models import Permission, Workspace
 
-from .. import registry
+from .. import credentials, mcp, registry
 from ..base import Capability
+from ..credentials import CredentialError
+from ..models import Credential, McpServer, McpTool
+from .serializers import (
+    CredentialIn,
+    CredentialOut,
+    CredentialSecretIn,
+    HarvestOut,
+    McpServerIn,
+    McpServerOut,
+    McpServerPatch,
+    McpToolOut,
+    McpToolPatch,
+)
 
 
 def capability_out(capability: Capability, workspace: str | None = None) -> dict:
@@ -46,3 +62,227 @@ class CapabilityList(APIView):
                 seen.setdefault(key, capability_out(capability, None if native else workspace.slug))
         results = sorted(seen.values(), key=lambda c: (c["workspace"] or "", c["id"]))
         return Response({"count": len(results), "next": None, "previous": None, "results": results})
+
+
+# --- credentials and MCP --------------------------------------------------------------
+
+
+def _require(user, workspace_id: int, permission: str) -> None:
+    """Members without the permission get 403 (non-members never see the object: 404)."""
+    if not has_permission(user, workspace_id, permission):
+        raise PermissionDenied(f"your role in this workspace does not allow '{permission}'")
+
+
+def _workspace_for_admin(request, slug: str | None) -> Workspace:
+    if slug:
+        workspace = workspaces_for(request.user, Permission.VIEW).filter(slug=slug).first()
+        if workspace is None:
+            raise NotFound("workspace not found")
+        _require(request.user, workspace.id, Permission.ADMINISTER)
+        return workspace
+    workspace = default_workspace_for(request.user, Permission.ADMINISTER)
+    if workspace is None:
+        raise ApiError("INVALID_ARGUMENT", "name the workspace: you administer none or several")
+    return workspace
+
+
+def _visible(queryset, user, field: str = "workspace"):
+    return queryset.filter(**{f"{field}__in": workspaces_for(user, Permission.VIEW)})
+
+
+def _filter_workspace(queryset, request, field: str = "workspace"):
+    slug = request.query_params.get("workspace")
+    return queryset.filter(**{f"{field}__slug": slug}) if slug else queryset
+
+
+def _service_error(exc: CredentialError | mcp.McpServiceError):
+    if exc.code == "INVALID_ARGUMENT":
+        raise ValidationErrors([{"path": exc.path, "code": exc.code, "message": exc.message}])
+    status_code = getattr(exc, "http_status", 409 if exc.code == "CONFLICT" else 400)
+    raise ApiError(exc.code, exc.message, status_code)
+
+
+class CredentialList(generics.ListAPIView):
+    serializer_class = CredentialOut
+
+    def get_queryset(self):
+        queryset = _visible(Credential.objects.select_related("workspace"), self.request.user)
+        return _filter_workspace(queryset, self.request).order_by("workspace__slug", "name")
+
+    @extend_schema(request=CredentialIn, responses={201: CredentialOut})
+    def post(self, request):
+        data = CredentialIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        workspace = _workspace_for_admin(request, data.validated_data.get("workspace"))
+        try:
+            credential = credentials.credential_create(
+                workspace=workspace, name=data.validated_data["name"], kind=data.validated_data["kind"],
+                secret=data.validated_data["secret"], metadata=data.validated_data.get("metadata"), user=request.user,
+            )  # fmt: skip
+        except CredentialError as exc:
+            _service_error(exc)
+        return Response(CredentialOut(credential).data, status=status.HTTP_201_CREATED)
+
+
+class CredentialDetail(generics.RetrieveAPIView):
+    serializer_class = CredentialOut
+
+    def get_queryset(self):
+        return _visible(Credential.objects.select_related("workspace"), self.request.user)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request, pk):
+        credential = self.get_object()
+        _require(request.user, credential.workspace_id, Permission.ADMINISTER)
+        try:
+            credentials.credential_delete(credential=credential, user=request.user)
+        except CredentialError as exc:
+            _service_error(exc)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class CredentialSecret(generics.GenericAPIView):
+    """Replace a credential's secret and/or metadata. The response never contains the secret."""
+
+    serializer_class = CredentialSecretIn
+
+    def get_queryset(self):
+        return _visible(Credential.objects.select_related("workspace"), self.request.user)
+
+    @extend_schema(request=CredentialSecretIn, responses={200: CredentialOut})
+    def post(self, request, pk):
+        credential = self.get_object()
+        _require(request.user, credential.workspace_id, Permission.ADMINISTER)
+        data = CredentialSecretIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            credential = credentials.credential_update_secret(
+                credential=credential, secret=data.validated_data.get("secret"),
+                metadata=data.validated_data.get("metadata"), user=request.user,
+            )  # fmt: skip
+        except CredentialError as exc:
+            _service_error(exc)
+        return Response(CredentialOut(credential).data)
+
+
+def _credential_by_name(workspace_id: int, name: str | None) -> Credential | None:
+    if name is None:
+        return None
+    credential = Credential.objects.filter(workspace_id=workspace_id, name=name).first()
+    if credential is None:
+        raise ValidationErrors([{"path": "/credential", "code": "unknown_credential",
+                                 "message": f"no credential named '{name}' in this workspace"}])  # fmt: skip
+    return credential
+
+
+class McpServerList(generics.ListAPIView):
+    serializer_class = McpServerOut
+
+    def get_queryset(self):
+        queryset = _visible(McpServer.objects.select_related("workspace", "credential"), self.request.user)
+        return _filter_workspace(queryset, self.request).order_by("workspace__slug", "slug")
+
+    @extend_schema(request=McpServerIn, responses={201: McpServerOut})
+    def post(self, request):
+        data = McpServerIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = dict(data.validated_data)
+        workspace = _workspace_for_admin(request, values.pop("workspace", None))
+        credential = _credential_by_name(workspace.id, values.pop("credential", None))
+        try:
+            server = mcp.mcp_server_create(
+                workspace=workspace, credential=credential, user=request.user, **values
+            )
+        except mcp.McpServiceError as exc:
+            _service_error(exc)
+        return Response(McpServerOut(server).data, status=status.HTTP_201_CREATED)
+
+
+class McpServerDetail(generics.RetrieveAPIView):
+    serializer_class = McpServerOut
+
+    def get_queryset(self):
+        return _visible(McpServer.objects.select_related("workspace", "credential"), self.request.user)
+
+    @extend_schema(request=McpServerPatch, responses={200: McpServerOut})
+    def patch(self, request, pk):
+        server = self.get_object()
+        _require(request.user, server.workspace_id, Permission.ADMINISTER)
+        data = McpServerPatch(data=request.data)
+        data.is_valid(raise_exception=True)
+        changes = dict(data.validated_data)
+        if "credential" in changes:
+            changes["credential"] = _credential_by_name(server.workspace_id, changes["credential"])
+        try:
+            server = mcp.mcp_server_update(server=server, user=request.user, **changes)
+        except mcp.McpServiceError as exc:
+            _service_error(exc)
+        return Response(McpServerOut(server).data)
+
+
+class McpServerHarvest(generics.GenericAPIView):
+    def get_queryset(self):
+        return _visible(McpServer.objects.all(), self.request.user)
+
+    @extend_schema(request=None, responses={200: HarvestOut})
+    def post(self, request, pk):
+        server = self.get_object()
+        _require(request.user, server.workspace_id, Permission.ADMINISTER)
+        try:
+            result = mcp.mcp_harvest(server, user=request.user)
+        except mcp.McpServiceError as exc:
+            raise ApiError(exc.code, exc.message, exc.http_status)
+        return Response(result.counts())
+
+
+class McpServerTools(generics.ListAPIView):
+    serializer_class = McpToolOut
+
+    def get_queryset(self):
+        server = generics.get_object_or_404(
+            _visible(McpServer.objects.all(), self.request.user), pk=self.kwargs["pk"]
+        )
+        queryset = McpTool.objects.select_related("server").filter(server=server)
+        if status_filter := self.request.query_params.get("status"):
+            queryset = queryset.filter(status=status_filter)
+        return queryset.order_by("name")
+
+
+def _tools_visible(user):
+    return _visible(McpTool.objects.select_related("server"), user, field="server__workspace")
+
+
+class McpToolDetail(generics.RetrieveAPIView):
+    serializer_class = McpToolOut
+
+    def get_queryset(self):
+        return _tools_visible(self.request.user)
+
+    @extend_schema(request=McpToolPatch, responses={200: McpToolOut})
+    def patch(self, request, pk):
+        tool = self.get_object()
+        _require(request.user, tool.server.workspace_id, Permission.ADMINISTER)
+        data = McpToolPatch(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            tool = mcp.mcp_tool_set_risk(
+                tool=tool, risk=data.validated_data["risk_override"], user=request.user
+            )
+        except mcp.McpServiceError as exc:
+            _service_error(exc)
+        return Response(McpToolOut(tool).data)
+
+
+class McpToolApprove(generics.GenericAPIView):
+    def get_queryset(self):
+        return _tools_visible(self.request.user)
+
+    @extend_schema(request=None, responses={200: McpToolOut})
+    def post(self, request, pk):
+        tool = self.get_object()
+        _require(request.user, tool.server.workspace_id, Permission.ADMINISTER)
+        try:
+            tool = mcp.mcp_tool_approve(tool=tool, user=request.user)
+        except mcp.McpServiceError as exc:
+            _service_error(exc)
+        return Response(McpToolOut(tool).data)

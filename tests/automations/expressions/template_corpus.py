@@ -102,7 +102,7 @@ CORPUS: list[dict[str, Any]] = [
     _case("str-replace-method", "{{ s.replace('', s) }}", static=False),
     _case("int-to-bytes-literal", "{{ (1).to_bytes(10**9, 'big') }}"),
     _case("int-to-bytes-variable", "{{ n.to_bytes(10**9, 'big') }}", static=False),
-    _case("dict-fromkeys", "{{ {}.fromkeys(x) }}"),
+    _case("dict-fromkeys", "{{ {}.fromkeys(x) }}", static=False),
     _case("dict-copy", "{{ d.copy() }}", static=False),
     # -- mutation of context objects ---------------------------------------------------------
     _case("list-append", "{{ x.append(1) }}", static=False),
@@ -114,7 +114,7 @@ CORPUS: list[dict[str, Any]] = [
     _case("list-sort-in-place", "{{ x.sort() }}", static=False),
     _case("list-setitem", "{{ x.__setitem__(0, 1) }}"),
     _case("dict-update", "{{ d.update({'a': 2}) }}", static=False),
-    _case("dict-update-literal", "{{ {}.update(a=1) }}"),
+    _case("dict-update-literal", "{{ {}.update(a=1) }}", static=False),
     _case("dict-pop", "{{ d.pop('a') }}", static=False),
     _case("dict-popitem", "{{ d.popitem() }}", static=False),
     _case("dict-clear", "{{ d.clear() }}", static=False),
@@ -142,6 +142,17 @@ CORPUS: list[dict[str, Any]] = [
     _case("list-add-doubling", "{% set a = [big] + [big] %}{{ a }}", LIMIT, "big", static=False),
     _case("concat-doubling", "{% set a = big ~ big %}{{ a|length }}", LIMIT, "big", static=False),
     _case("concat-json-of-big", "{{ '' ~ wide }}", LIMIT, "big", static=False),
+    _case("method-result-amplification", "{{ [" + "big.upper(), " * 60 + "] }}", LIMIT, "big", static=False),
+    _case("filter-result-amplification", "{{ [" + "big|lower, " * 60 + "] }}", LIMIT, "big", static=False),
+    _case(
+        "slice-amplification",
+        "{{ [" + "".join(f"big[{i}:], " for i in range(60)) + "] }}",
+        LIMIT,
+        "big",
+        static=False,
+    ),
+    _case("split-amplification", "{{ [words.split(), words.split()] }}", LIMIT, "big", static=False),
+    _case("loop-allocation", "{% for i in x %}{% set y = big ~ i %}{% endfor %}", LIMIT, "big", static=False),
     # -- integer bombs: run in C holding the GIL, must be refused before they start -----------
     _case("pow-9-9-9-parenthesised", "{{ 9**(9**9) }}", LIMIT),
     _case("pow-10-10-10-parenthesised", "{{ 10**(10**10) }}", LIMIT),
@@ -215,7 +226,7 @@ CORPUS: list[dict[str, Any]] = [
     ),
     _case(
         "call-block-recursion",
-        "{% macro m() %}{% call m() %}{% endcall %}{% endmacro %}{{ m() }}",
+        "{% macro m() %}{{ caller() }}{% endmacro %}{% macro r() %}{% call m() %}{{ r() }}{% endcall %}{% endmacro %}{{ r() }}",
         LIMIT,
         static=False,
     ),
@@ -253,7 +264,7 @@ CORPUS: list[dict[str, Any]] = [
     _case("lone-surrogate-in-source", "{{ s }}\ud800"),
     _case("nul-escape-in-literal", "{{ 'a\\x00b' }}", static=False),
     _case("surrogate-escape-in-literal", "{{ 'a\\ud800b' }}", static=False),
-    _case("fullwidth-underscores", "{{ s.＿＿class＿＿ }}", static=False),
+    _case("fullwidth-underscores", "{{ s.＿＿class＿＿ }}"),
     _case("nul-from-context", "{{ nul }}", static=False),
     # -- loader tags and syntax ----------------------------------------------------------------
     _case("include", "{% include 'secrets.txt' %}"),

@@ -1,0 +1,262 @@
+"""Approvals in the admin: a pending count, approve/deny on the list and the detail page.
+
+Every decision goes through ``services.approval_decide`` — the same checks
+(role, four-eyes, quorum, races) as the API and the one-click link.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from workspaces.access import has_permission, workspaces_for
+from workspaces.models import Permission
+
+from . import selectors, services
+from .gate import standing_signature_valid
+from .models import Approval, ApprovalDecision, ApprovalStatus, Decision, StandingApproval
+
+
+class DenyForm(forms.Form):
+    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 4, "cols": 80}), max_length=2000, strip=True,
+                             help_text="Required: tell the requester why.")  # fmt: skip
+
+
+def _scoped(request, queryset):
+    if request.user.is_superuser:
+        return queryset
+    return queryset.filter(workspace__in=workspaces_for(request.user, Permission.VIEW).values("id"))
+
+
+class DecisionInline(admin.TabularInline):
+    model = ApprovalDecision
+    extra = 0
+    can_delete = False
+    fields = ["user", "decision", "reason", "via", "created_at"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Approval)
+class ApprovalAdmin(admin.ModelAdmin):
+    list_display = ["status", "risk", "automation_name", "step_id", "requested_by", "progress", "expires_at",
+                    "created_at"]  # fmt: skip
+    list_filter = ["status", "risk", "workspace"]
+    search_fields = ["automation_name", "step_id", "run_id", "requested_by"]
+    ordering = ["-created_at"]
+    actions = ["approve_selected", "deny_selected"]
+    inlines = [DecisionInline]
+    change_form_template = "admin/approvals/approval/change_form.html"
+    fields = ["status", "workspace", "automation_name", "automation_id", "run_id", "step_id", "action",
+              "capability_id", "risk", "why", "message", "pretty_what", "requested_by", "approvals_required",
+              "expires_at", "created_at", "decided_at", "plan_hash"]  # fmt: skip
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        return _scoped(request, selectors.with_counts(super().get_queryset(request)))
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="approvals")
+    def progress(self, obj):
+        return f"{getattr(obj, 'approvals_count', 0)}/{obj.approvals_required}"
+
+    @admin.display(description="what will run")
+    def pretty_what(self, obj):
+        text = json.dumps(obj.what, indent=2, sort_keys=True, ensure_ascii=False)
+        return format_html("<pre id='approval-what' style='max-height:30em;overflow:auto'>{}</pre>", text)
+
+    def changelist_view(self, request, extra_context=None):
+        pending = selectors.pending_count(request.user)
+        title = f"Approvals — {pending} pending"
+        return super().changelist_view(request, {**(extra_context or {}), "title": title})
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        approval = self.get_object(request, object_id)
+        extra = {"may_decide": approval is not None and approval.status == ApprovalStatus.PENDING}
+        return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
+
+    # --- deciding ---------------------------------------------------------------
+
+    def _decide(self, request, approval_id, decision: str, reason: str = "") -> bool:
+        try:
+            approval = services.approval_decide(approval_id=approval_id, user=request.user, decision=decision,
+                                                reason=reason, via="admin")  # fmt: skip
+        except services.ApprovalError as exc:
+            self.message_user(request, f"{approval_id}: {exc.message}", messages.ERROR)
+            return False
+        self.message_user(request, f"{approval.automation_name} / {approval.step_id}: now {approval.status}",
+                          messages.SUCCESS)  # fmt: skip
+        return True
+
+    @admin.action(description="Approve selected approvals")
+    def approve_selected(self, request, queryset):
+        for approval_id in queryset.values_list("pk", flat=True):
+            self._decide(request, approval_id, Decision.APPROVE)
+
+    @admin.action(description="Deny selected approvals (asks for a reason)")
+    def deny_selected(self, request, queryset):
+        form = DenyForm(request.POST if "apply" in request.POST else None)
+        if form.is_bound and form.is_valid():
+            for approval_id in queryset.values_list("pk", flat=True):
+                self._decide(request, approval_id, Decision.DENY, form.cleaned_data["reason"])
+            return None
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Deny approvals",
+            "opts": self.model._meta,
+            "form": form,
+            "approvals": queryset,
+            "selected": request.POST.getlist(admin.helpers.ACTION_CHECKBOX_NAME),
+            "action": "deny_selected",
+        }
+        return TemplateResponse(request, "admin/approvals/approval/deny.html", context)
+
+    def get_urls(self):
+        extra = [
+            path("<uuid:object_id>/approve/", self.admin_site.admin_view(self.approve_view),
+                 name="approvals_approval_approve"),
+            path("<uuid:object_id>/deny/", self.admin_site.admin_view(self.deny_view), name="approvals_approval_deny"),
+        ]  # fmt: skip
+        return extra + super().get_urls()
+
+    def _visible(self, request, object_id) -> Approval:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return get_object_or_404(self.get_queryset(request), pk=object_id)
+
+    def _back(self, approval: Approval):
+        return HttpResponseRedirect(reverse("admin:approvals_approval_change", args=[approval.pk]))
+
+    def approve_view(self, request, object_id):
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        approval = self._visible(request, object_id)
+        self._decide(request, approval.pk, Decision.APPROVE)
+        return self._back(approval)
+
+    def deny_view(self, request, object_id):
+        approval = self._visible(request, object_id)
+        form = DenyForm(request.POST if request.method == "POST" else None)
+        if form.is_bound and form.is_valid():
+            self._decide(request, approval.pk, Decision.DENY, form.cleaned_data["reason"])
+            return self._back(approval)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Deny {approval.automation_name} / {approval.step_id}",
+            "opts": self.model._meta,
+            "form": form,
+            "approvals": [approval],
+            "original": approval,
+        }
+        return TemplateResponse(request, "admin/approvals/approval/deny.html", context)
+
+
+class StandingApprovalForm(forms.ModelForm):
+    arg_constraint = forms.JSONField(required=False, widget=forms.Textarea(attrs={"rows": 8, "cols": 80}),
+                                     help_text="JSON Schema the step's rendered config must match; empty: any.")  # fmt: skip
+
+    class Meta:
+        model = StandingApproval
+        fields = [
+            "workspace",
+            "automation_id",
+            "capability_id",
+            "max_uses",
+            "expires_at",
+            "arg_constraint",
+            "reason",
+        ]
+
+    def clean(self):
+        cleaned = super().clean()
+        workspace = cleaned.get("workspace")
+        if workspace is not None and not has_permission(self.user, workspace.id, Permission.APPROVE):
+            raise forms.ValidationError("you may not approve in this workspace")
+        if all(
+            cleaned.get(name) is not None
+            for name in ("automation_id", "capability_id", "max_uses", "expires_at")
+        ):
+            try:
+                services.standing_approval_validate(
+                    automation_id=cleaned["automation_id"], capability_id=cleaned["capability_id"],
+                    max_uses=cleaned["max_uses"], expires_at=cleaned["expires_at"],
+                    arg_constraint=cleaned.get("arg_constraint"),
+                )  # fmt: skip
+            except services.ApprovalError as exc:
+                raise forms.ValidationError(exc.message) from None
+        return cleaned
+
+
+@admin.register(StandingApproval)
+class StandingApprovalAdmin(admin.ModelAdmin):
+    form = StandingApprovalForm
+    list_display = ["capability_id", "automation_id", "workspace", "uses", "max_uses", "expires_at", "revoked",
+                    "signature_ok", "created_by"]  # fmt: skip
+    list_filter = ["revoked", "workspace", "capability_id"]
+    search_fields = ["automation_id", "capability_id"]
+    actions = ["revoke_selected"]
+
+    def get_queryset(self, request):
+        return _scoped(request, super().get_queryset(request))
+
+    def get_readonly_fields(self, request, obj=None):
+        if obj is None:
+            return []
+        return [f.name for f in StandingApproval._meta.fields] + ["signature_ok"]
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change, **kwargs)
+        form.user = request.user
+        return form
+
+    @admin.display(boolean=True, description="signature valid")
+    def signature_ok(self, obj):
+        return standing_signature_valid(obj)
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            raise PermissionDenied("standing approvals cannot be edited; revoke and create a new one")
+        data = form.cleaned_data
+        try:
+            created = services.standing_approval_create(
+                workspace=data["workspace"], automation_id=data["automation_id"], capability_id=data["capability_id"],
+                max_uses=data["max_uses"], expires_at=data["expires_at"], user=request.user,
+                arg_constraint=data.get("arg_constraint"), reason=data.get("reason", ""),
+            )  # fmt: skip
+        except services.ApprovalError as exc:
+            raise PermissionDenied(exc.message) from None
+        obj.pk = created.pk
+
+    @admin.action(description="Revoke selected standing approvals")
+    def revoke_selected(self, request, queryset):
+        for standing in queryset:
+            try:
+                services.standing_approval_revoke(standing_id=standing.pk, user=request.user)
+            except services.ApprovalError as exc:
+                self.message_user(request, f"{standing.pk}: {exc.message}", messages.ERROR)
+            else:
+                self.message_user(request, f"{standing.pk}: revoked")

@@ -1,0 +1,61 @@
+"""Shapes of the approvals API. Serializers describe data; services do the writing."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from ..models import Approval, StandingApproval
+
+
+class ApprovalOut(serializers.ModelSerializer):
+    workspace = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    approvals_count = serializers.IntegerField(read_only=True, default=0)
+
+    class Meta:
+        model = Approval
+        fields = ["id", "workspace", "run_id", "automation_id", "automation_name", "step_id", "action",
+                  "capability_id", "status", "risk", "reasons", "what", "why", "message", "plan_hash",
+                  "requested_by", "approvals_required", "approvals_count", "expires_at", "created_at",
+                  "decided_at"]  # fmt: skip
+
+
+class ApprovalQuery(serializers.Serializer):
+    status = serializers.ChoiceField(
+        choices=["pending", "approved", "denied", "expired", "consumed", "invalidated"], required=False
+    )
+
+
+class DecisionIn(serializers.Serializer):
+    reason = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
+
+
+class LinkOut(serializers.Serializer):
+    url = serializers.CharField()
+
+
+class StandingApprovalOut(serializers.ModelSerializer):
+    workspace = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = StandingApproval
+        fields = ["id", "workspace", "automation_id", "capability_id", "max_uses", "uses", "expires_at",
+                  "arg_constraint", "reason", "created_by", "revoked", "revoked_at", "key_id", "created_at"]  # fmt: skip
+
+
+class StandingApprovalIn(serializers.Serializer):
+    workspace = serializers.SlugField(
+        required=False, help_text="Needed when you approve in several workspaces."
+    )
+    automation_id = serializers.UUIDField()
+    capability_id = serializers.CharField(max_length=200)
+    max_uses = serializers.IntegerField(min_value=1, max_value=10_000)
+    expires_at = serializers.DateTimeField(required=False)
+    expires_in_seconds = serializers.IntegerField(required=False, min_value=60, max_value=365 * 86400)
+    arg_constraint = serializers.JSONField(required=False, allow_null=True, default=None)
+    reason = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
+
+    def validate(self, attrs):
+        if ("expires_at" in attrs) == ("expires_in_seconds" in attrs):
+            raise serializers.ValidationError("give exactly one of expires_at and expires_in_seconds")
+        return attrs

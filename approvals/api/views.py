@@ -1,0 +1,134 @@
+"""Thin views: parse input, call a service, shape the output."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.shortcuts import get_object_or_404
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework import generics
+from rest_framework.exceptions import NotFound
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from config.api_errors import ApiError
+from workspaces.access import default_workspace_for, has_permission, workspaces_for
+from workspaces.models import Permission
+
+from .. import selectors, services
+from ..models import Approval, Decision
+from .serializers import (
+    ApprovalOut,
+    ApprovalQuery,
+    DecisionIn,
+    LinkOut,
+    StandingApprovalIn,
+    StandingApprovalOut,
+)
+
+
+def _api_error(exc: services.ApprovalError) -> ApiError:
+    return ApiError(exc.code, exc.message, exc.http_status)
+
+
+def _approval_response(approval_id) -> Response:
+    approval = selectors.with_counts(Approval.objects.filter(pk=approval_id)).get()
+    return Response(ApprovalOut(approval).data)
+
+
+@extend_schema(parameters=[ApprovalQuery], summary="Approvals in your workspaces (newest first)")
+class ApprovalList(generics.ListAPIView):
+    serializer_class = ApprovalOut
+
+    def get_queryset(self):
+        query = ApprovalQuery(data=self.request.query_params)
+        query.is_valid(raise_exception=True)
+        return selectors.approvals_visible_to(self.request.user, query.validated_data.get("status"))
+
+
+@extend_schema(summary="One approval")
+class ApprovalDetail(generics.RetrieveAPIView):
+    serializer_class = ApprovalOut
+
+    def get_queryset(self):
+        return selectors.approvals_visible_to(self.request.user)
+
+
+class _Decide(APIView):
+    decision = Decision.APPROVE
+
+    @extend_schema(request=DecisionIn, responses=ApprovalOut)
+    def post(self, request, pk):
+        approval = get_object_or_404(selectors.approvals_visible_to(request.user), pk=pk)
+        body = DecisionIn(data=request.data if isinstance(request.data, dict) else {})
+        body.is_valid(raise_exception=True)
+        try:
+            services.approval_decide(approval_id=approval.pk, user=request.user, decision=self.decision,
+                                     reason=body.validated_data["reason"], via="api")  # fmt: skip
+        except services.ApprovalError as exc:
+            raise _api_error(exc)
+        return _approval_response(approval.pk)
+
+
+class ApprovalApprove(_Decide):
+    decision = Decision.APPROVE
+
+
+class ApprovalDeny(_Decide):
+    decision = Decision.DENY
+
+
+class ApprovalLink(APIView):
+    @extend_schema(request=None, responses=LinkOut, summary="A one-click approve link for the caller")
+    def post(self, request, pk):
+        approval = get_object_or_404(selectors.approvals_visible_to(request.user), pk=pk)
+        try:
+            path = services.approval_link_create(approval=approval, user=request.user)
+        except services.ApprovalError as exc:
+            raise _api_error(exc)
+        return Response({"url": request.build_absolute_uri(path)}, status=201)
+
+
+class StandingApprovalList(generics.ListAPIView):
+    serializer_class = StandingApprovalOut
+
+    def get_queryset(self):
+        return selectors.standing_approvals_visible_to(self.request.user)
+
+    @extend_schema(request=StandingApprovalIn, responses={201: StandingApprovalOut})
+    def post(self, request):
+        body = StandingApprovalIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        if data.get("workspace"):
+            workspace = workspaces_for(request.user, Permission.VIEW).filter(slug=data["workspace"]).first()
+            if workspace is None:
+                raise NotFound("workspace not found")
+        else:
+            workspace = default_workspace_for(request.user, Permission.APPROVE)
+            if workspace is None:
+                raise ApiError("INVALID_ARGUMENT", "name the workspace: you approve in none or in several")
+        expires_at = data.get("expires_at") or timezone.now() + timedelta(seconds=data["expires_in_seconds"])
+        try:
+            standing = services.standing_approval_create(
+                workspace=workspace, automation_id=data["automation_id"], capability_id=data["capability_id"],
+                max_uses=data["max_uses"], expires_at=expires_at, user=request.user,
+                arg_constraint=data.get("arg_constraint"), reason=data.get("reason", ""),
+            )  # fmt: skip
+        except services.ApprovalError as exc:
+            raise _api_error(exc)
+        return Response(StandingApprovalOut(standing).data, status=201)
+
+
+class StandingApprovalRevoke(APIView):
+    @extend_schema(request=None, responses=StandingApprovalOut)
+    def post(self, request, pk):
+        standing = get_object_or_404(selectors.standing_approvals_visible_to(request.user), pk=pk)
+        if not has_permission(request.user, standing.workspace_id, Permission.APPROVE):
+            raise ApiError("PERMISSION_DENIED", "your role in this workspace does not allow approving", 403)
+        try:
+            standing = services.standing_approval_revoke(standing_id=standing.pk, user=request.user)
+        except services.ApprovalError as exc:
+            raise _api_error(exc)
+        return Response(StandingApprovalOut(standing).data)

@@ -1,0 +1,34 @@
+"""Reads for approvals, scoped to what a user may see."""
+
+from __future__ import annotations
+
+from django.db.models import Count, Q, QuerySet
+
+from workspaces.access import workspaces_for
+from workspaces.models import Permission
+
+from .models import Approval, ApprovalStatus, Decision, StandingApproval
+
+
+def with_counts(approvals: QuerySet[Approval]) -> QuerySet[Approval]:
+    return approvals.annotate(
+        approvals_count=Count("decisions", filter=Q(decisions__decision=Decision.APPROVE))
+    )
+
+
+def approvals_visible_to(user, status: str | None = None) -> QuerySet[Approval]:
+    approvals = Approval.objects.filter(workspace__in=workspaces_for(user, Permission.VIEW).values("id"))
+    if status:
+        approvals = approvals.filter(status=status)
+    return with_counts(approvals).order_by("-created_at", "id")
+
+
+def pending_count(user) -> int:
+    if getattr(user, "is_superuser", False):
+        return Approval.objects.filter(status=ApprovalStatus.PENDING).count()
+    return approvals_visible_to(user, ApprovalStatus.PENDING).count()
+
+
+def standing_approvals_visible_to(user) -> QuerySet[StandingApproval]:
+    visible = workspaces_for(user, Permission.VIEW).values("id")
+    return StandingApproval.objects.filter(workspace__in=visible).order_by("-created_at", "id")

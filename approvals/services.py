@@ -1,0 +1,365 @@
+"""Writes for approvals: decide (API, admin and one-click link all call ``approval_decide``),
+expire, standing approvals, one-click links. Each change is audited in its transaction.
+
+A decided approval resumes its run by enqueueing the engine's
+``autoplane.resume_run`` task *by name* after commit: approvals never import
+the engine. The executor then verifies and consumes the token (or records the
+denial or expiry) through ``approvals.gate.check_step``.
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core import signing as django_signing
+from django.db import IntegrityError, transaction
+from django.urls import reverse
+from django.utils import timezone
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from audit import writer
+from audit.models import Outcome
+from workspaces.access import has_permission
+from workspaces.models import Permission, Workspace
+
+from . import tokens
+from .gate import standing_bounds
+from .models import Approval, ApprovalDecision, ApprovalStatus, ConsumedNonce, Decision, StandingApproval
+
+RESUME_TASK = "autoplane.resume_run"
+# A token minted just before its approval expires still leaves the run this long to resume.
+TOKEN_MIN_TTL = timedelta(minutes=10)
+# The expiry sweep re-sends resume_run for decisions the executor has not acted on
+# (a lost message, or a decision made before the run finished parking) ...
+NUDGE_AFTER = timedelta(seconds=30)
+# ... for this long after the decision; run_resume is a no-op for a run that moved on.
+NUDGE_FOR = timedelta(hours=1)
+MAX_STANDING_USES = 10_000
+MAX_STANDING_LIFETIME = timedelta(days=365)
+LINK_SALT = "autoplane.approvals.link.v1"
+LINK_TTL = timedelta(hours=24)
+SWEEP_BATCH = 500
+
+
+class ApprovalError(Exception):
+    """A refused approval operation, with a stable API code and HTTP status."""
+
+    def __init__(self, code: str, message: str, http_status: int = 400):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.http_status = http_status
+
+
+def _actor(user) -> str:
+    return f"user:{user.get_username()}" if user is not None and user.is_authenticated else "system"
+
+
+def _refs(approval: Approval) -> dict[str, str]:
+    return {
+        "approval": str(approval.pk),
+        "run": str(approval.run_id),
+        "step": approval.step_id,
+        "automation": str(approval.automation_id),
+    }
+
+
+def _resume_on_commit(run_id: Any, reason: str) -> None:
+    from config.celery import app
+
+    run, why = str(run_id), reason
+    transaction.on_commit(lambda: app.send_task(RESUME_TASK, args=[run, why]))
+
+
+# --- deciding --------------------------------------------------------------------
+
+
+def _own_work(approval: Approval, user) -> str | None:
+    """Why four-eyes forbids ``user`` from approving this, or None."""
+    if approval.requested_by == f"user:{user.get_username()}":
+        return "you started this run"
+    if approval.last_editor_id is not None and approval.last_editor_id == user.pk:
+        return "you last edited this automation"
+    return None
+
+
+@transaction.atomic
+def approval_decide(*, approval_id: Any, user, decision: str, reason: str = "", via: str = "api") -> Approval:
+    """Record ``user``'s approve/deny. Exactly one outcome wins under concurrency: the row is
+    locked (``select_for_update``; SQLite serialises writers) and every status change is a
+    conditional UPDATE on ``status='pending'``."""
+    if decision not in Decision.values:
+        raise ApprovalError("INVALID_ARGUMENT", "decision must be approve or deny")
+    reason = (reason or "").strip()
+    approval = Approval.objects.select_for_update().filter(pk=approval_id).first()
+    if approval is None:
+        raise ApprovalError("NOT_FOUND", "approval not found", 404)
+    if not has_permission(user, approval.workspace_id, Permission.APPROVE):
+        raise ApprovalError("PERMISSION_DENIED", "your role in this workspace does not allow approving", 403)
+    if decision == Decision.DENY and not reason:
+        raise ApprovalError("INVALID_ARGUMENT", "a reason is required to deny")
+    now = timezone.now()
+    if approval.status != ApprovalStatus.PENDING:
+        raise ApprovalError("CONFLICT", f"this approval is already {approval.status}", 409)
+    if approval.expires_at <= now:
+        raise ApprovalError("CONFLICT", "this approval has expired", 409)
+    if Workspace.objects.filter(pk=approval.workspace_id, four_eyes=True).exists():
+        own = _own_work(approval, user)
+        if own is not None:
+            raise ApprovalError("PERMISSION_DENIED", f"four-eyes: {own}, so someone else must decide", 403)
+    if approval.decisions.filter(user=user).exists():
+        raise ApprovalError("CONFLICT", "you have already decided on this approval", 409)
+    try:
+        with transaction.atomic():
+            ApprovalDecision.objects.create(approval=approval, user=user, decision=decision, reason=reason[:2000],
+                                            via=via)  # fmt: skip
+    except IntegrityError:
+        raise ApprovalError("CONFLICT", "you have already decided on this approval", 409)
+
+    actor = _actor(user)
+    if decision == Decision.DENY:
+        _transition(approval, status=ApprovalStatus.DENIED, decided_at=now)
+        writer.append(
+            trace_id=approval.trace_id, type="approval.denied", outcome=Outcome.FAILURE, stage="approval",
+            summary=f"{approval.step_id}: denied by {user.get_username()}: {reason[:200]}",
+            workspace_id=approval.workspace_id, actor=actor, refs=_refs(approval),
+            payload={"via": via, "reason": reason[:1000]},
+        )  # fmt: skip
+        _resume_on_commit(approval.run_id, "approval denied")
+    else:
+        approvals = approval.decisions.filter(decision=Decision.APPROVE).count()
+        if approvals >= approval.approvals_required:
+            token = tokens.mint(
+                approval_id=str(approval.pk), run_id=str(approval.run_id), step_key=approval.step_key,
+                plan_hash=approval.plan_hash, nonce=secrets.token_urlsafe(24),
+                exp=max(approval.expires_at, now + TOKEN_MIN_TTL),
+            )  # fmt: skip
+            _transition(approval, status=ApprovalStatus.APPROVED, decided_at=now, token=token)
+            writer.append(
+                trace_id=approval.trace_id, type="approval.approved", outcome=Outcome.SUCCESS, stage="approval",
+                summary=f"{approval.step_id}: approved ({approvals} of {approval.approvals_required})",
+                workspace_id=approval.workspace_id, actor=actor, refs=_refs(approval),
+                payload={"via": via, "reason": reason[:1000], "approvals": approvals,
+                         "approvers": list(approval.decisions.values_list("user__username", flat=True)),
+                         "plan_hash": approval.plan_hash, "key_id": tokens.decode(token)[1]["kid"]},
+                secrets=[token],
+            )  # fmt: skip
+            _resume_on_commit(approval.run_id, "approval granted")
+        else:
+            writer.append(
+                trace_id=approval.trace_id, type="approval.decision_recorded", stage="approval",
+                summary=f"{approval.step_id}: approved by {user.get_username()} "
+                f"({approvals} of {approval.approvals_required})",
+                workspace_id=approval.workspace_id, actor=actor, refs=_refs(approval),
+                payload={"via": via, "reason": reason[:1000], "approvals": approvals,
+                         "approvals_required": approval.approvals_required},
+            )  # fmt: skip
+    approval.refresh_from_db()
+    return approval
+
+
+def _transition(approval: Approval, **fields: Any) -> None:
+    updated = Approval.objects.filter(pk=approval.pk, status=ApprovalStatus.PENDING).update(**fields)
+    if not updated:
+        raise ApprovalError("CONFLICT", "this approval was decided by someone else just now", 409)
+
+
+# --- expiry sweep ------------------------------------------------------------------
+
+
+def approvals_expire(*, now: datetime | None = None) -> dict[str, int]:
+    """Expire pending approvals past their time and resume their runs (beat, every 30 s).
+
+    Also re-sends ``resume_run`` for decisions the executor has not acted on yet.
+    """
+    now = now or timezone.now()
+    expired = 0
+    due = Approval.objects.filter(status=ApprovalStatus.PENDING, expires_at__lte=now)
+    for pk in list(due.values_list("pk", flat=True)[:SWEEP_BATCH]):
+        with transaction.atomic():
+            approval = (
+                Approval.objects.select_for_update().filter(pk=pk, status=ApprovalStatus.PENDING).first()
+            )
+            if approval is None or approval.expires_at > now:
+                continue
+            _transition(approval, status=ApprovalStatus.EXPIRED, decided_at=now)
+            writer.append(
+                trace_id=approval.trace_id, type="approval.expired", outcome=Outcome.FAILURE, stage="approval",
+                summary=f"{approval.step_id}: the approval expired undecided", workspace_id=approval.workspace_id,
+                refs=_refs(approval), payload={"expires_at": approval.expires_at.isoformat()},
+            )  # fmt: skip
+            _resume_on_commit(approval.run_id, "approval expired")
+            expired += 1
+    unsettled = Approval.objects.filter(
+        status__in=[ApprovalStatus.APPROVED, ApprovalStatus.DENIED, ApprovalStatus.EXPIRED],
+        settled_at__isnull=True,
+        decided_at__lte=now - NUDGE_AFTER,
+        decided_at__gte=now - NUDGE_FOR,
+    )
+    nudged = 0
+    for run_id in set(unsettled.values_list("run_id", flat=True)[:SWEEP_BATCH]):
+        _resume_on_commit(run_id, "approval decided (resent)")
+        nudged += 1
+    return {"expired": expired, "nudged": nudged}
+
+
+# --- standing approvals --------------------------------------------------------------
+
+
+def _check_constraint(arg_constraint: Any) -> None:
+    if arg_constraint is None:
+        return
+    if not isinstance(arg_constraint, dict):
+        raise ApprovalError("INVALID_ARGUMENT", "arg_constraint must be a JSON Schema object or null")
+    try:
+        Draft202012Validator.check_schema(arg_constraint)
+    except SchemaError as exc:
+        raise ApprovalError(
+            "INVALID_ARGUMENT", f"arg_constraint is not a valid JSON Schema: {exc.message[:200]}"
+        )
+
+
+def standing_approval_validate(
+    *, automation_id: Any, capability_id: str, max_uses: Any, expires_at: datetime, arg_constraint: Any
+) -> uuid.UUID:
+    """Check a standing approval's bounds (ApprovalError if unusable); returns the automation id as a UUID."""
+    try:
+        automation_uuid = uuid.UUID(str(automation_id))
+    except ValueError:
+        raise ApprovalError("INVALID_ARGUMENT", "automation_id must be a UUID")
+    if not capability_id or len(capability_id) > 200:
+        raise ApprovalError("INVALID_ARGUMENT", "capability_id is required")
+    if not isinstance(max_uses, int) or isinstance(max_uses, bool) or not 1 <= max_uses <= MAX_STANDING_USES:
+        raise ApprovalError("INVALID_ARGUMENT", f"max_uses must be between 1 and {MAX_STANDING_USES}")
+    now = timezone.now()
+    if not isinstance(expires_at, datetime) or timezone.is_naive(expires_at):
+        raise ApprovalError("INVALID_ARGUMENT", "expires_at must be a date and time with a timezone")
+    if not now < expires_at <= now + MAX_STANDING_LIFETIME:
+        raise ApprovalError("INVALID_ARGUMENT", "expires_at must be in the future and within a year")
+    _check_constraint(arg_constraint)
+    return automation_uuid
+
+
+@transaction.atomic
+def standing_approval_create(
+    *,
+    workspace: Workspace,
+    automation_id: Any,
+    capability_id: str,
+    max_uses: int,
+    expires_at: datetime,
+    user,
+    arg_constraint: Any = None,
+    reason: str = "",
+) -> StandingApproval:
+    """Pre-authorise ``capability_id`` for one automation, signed over its bounds."""
+    if not has_permission(user, workspace.id, Permission.APPROVE):
+        raise ApprovalError("PERMISSION_DENIED", "your role in this workspace does not allow approving", 403)
+    automation_id = standing_approval_validate(
+        automation_id=automation_id, capability_id=capability_id, max_uses=max_uses, expires_at=expires_at,
+        arg_constraint=arg_constraint,
+    )  # fmt: skip
+    standing = StandingApproval(
+        workspace=workspace,
+        automation_id=automation_id,
+        capability_id=capability_id,
+        max_uses=max_uses,
+        # Whole seconds: the signature covers the expiry at that precision.
+        expires_at=expires_at.replace(microsecond=0),
+        arg_constraint=arg_constraint,
+        reason=(reason or "")[:2000],
+        created_by=user,
+    )
+    standing.key_id, standing.signature = tokens.standing_sign(**standing_bounds(standing))
+    standing.save(force_insert=True)
+    writer.append(
+        trace_id=uuid.uuid4().hex, type="approval.standing.created", stage="approval",
+        summary=f"standing approval for {capability_id} on automation {automation_id}: {max_uses} use(s)",
+        workspace_id=workspace.id, actor=_actor(user),
+        refs={"standing_approval": str(standing.pk), "automation": str(automation_id)},
+        payload={"capability": capability_id, "max_uses": max_uses, "expires_at": standing.expires_at.isoformat(),
+                 "arg_constraint": arg_constraint, "key_id": standing.key_id},
+    )  # fmt: skip
+    return standing
+
+
+@transaction.atomic
+def standing_approval_revoke(*, standing_id: Any, user) -> StandingApproval:
+    standing = StandingApproval.objects.select_for_update().filter(pk=standing_id).first()
+    if standing is None:
+        raise ApprovalError("NOT_FOUND", "standing approval not found", 404)
+    if not has_permission(user, standing.workspace_id, Permission.APPROVE):
+        raise ApprovalError("PERMISSION_DENIED", "your role in this workspace does not allow approving", 403)
+    now = timezone.now()
+    if not StandingApproval.objects.filter(pk=standing.pk, revoked=False).update(
+        revoked=True, revoked_at=now
+    ):
+        raise ApprovalError("CONFLICT", "this standing approval is already revoked", 409)
+    writer.append(
+        trace_id=uuid.uuid4().hex, type="approval.standing.revoked", stage="approval",
+        summary=f"standing approval for {standing.capability_id} revoked after {standing.uses} use(s)",
+        workspace_id=standing.workspace_id, actor=_actor(user),
+        refs={"standing_approval": str(standing.pk), "automation": str(standing.automation_id)},
+    )  # fmt: skip
+    standing.refresh_from_db()
+    return standing
+
+
+# --- one-click links -------------------------------------------------------------------
+
+
+def approval_link_create(*, approval: Approval, user) -> str:
+    """A one-click approve link for ``user`` (the URL path): HMAC-signed with SECRET_KEY, bound to
+    this approval and this approver, expiring with the approval (at most 24 h), usable once."""
+    if not has_permission(user, approval.workspace_id, Permission.APPROVE):
+        raise ApprovalError("PERMISSION_DENIED", "your role in this workspace does not allow approving", 403)
+    if approval.status != ApprovalStatus.PENDING:
+        raise ApprovalError("CONFLICT", f"this approval is already {approval.status}", 409)
+    expires = min(approval.expires_at, timezone.now() + LINK_TTL)
+    token = django_signing.dumps(
+        {"a": str(approval.pk), "u": user.pk, "n": secrets.token_urlsafe(16), "e": int(expires.timestamp())},
+        salt=LINK_SALT,
+    )
+    with transaction.atomic():
+        writer.append(
+            trace_id=approval.trace_id, type="approval.link_created", stage="approval",
+            summary=f"{approval.step_id}: one-click approve link created for {user.get_username()}",
+            workspace_id=approval.workspace_id, actor=_actor(user), refs=_refs(approval),
+            payload={"expires_at": expires.isoformat()}, secrets=[token],
+        )  # fmt: skip
+    return reverse("approval-link", kwargs={"token": token})
+
+
+def approval_link_read(token: str) -> tuple[Approval, Any, str]:
+    """(approval, approver, link nonce) for a valid, unexpired, unused link; ApprovalError otherwise."""
+    try:
+        data = django_signing.loads(token, salt=LINK_SALT)
+        approval_id, user_id, nonce, expires = data["a"], data["u"], str(data["n"]), int(data["e"])
+    except (django_signing.BadSignature, KeyError, TypeError, ValueError):
+        raise ApprovalError("INVALID_ARGUMENT", "this approval link is not valid", 400)
+    if timezone.now().timestamp() >= expires:
+        raise ApprovalError("INVALID_ARGUMENT", "this approval link has expired", 400)
+    if ConsumedNonce.objects.filter(nonce=f"link:{nonce}").exists():
+        raise ApprovalError("CONFLICT", "this approval link was already used", 409)
+    approval = Approval.objects.filter(pk=approval_id).first()
+    user = get_user_model().objects.filter(pk=user_id, is_active=True).first()
+    if approval is None or user is None:
+        raise ApprovalError("INVALID_ARGUMENT", "this approval link is not valid", 400)
+    return approval, user, nonce
+
+
+@transaction.atomic
+def approval_link_confirm(*, token: str) -> Approval:
+    """Approve through a one-click link: the link's nonce is consumed with the decision, so it works once."""
+    approval, user, nonce = approval_link_read(token)
+    try:
+        with transaction.atomic():
+            ConsumedNonce.objects.create(nonce=f"link:{nonce}", approval_id=approval.pk)
+    except IntegrityError:
+        raise ApprovalError("CONFLICT", "this approval link was already used", 409)
+    return approval_decide(approval_id=approval.pk, user=user, decision=Decision.APPROVE, via="link")

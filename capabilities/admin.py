@@ -1,0 +1,338 @@
+"""Credentials (write-only), MCP servers (harvest now) and MCP tools (re-approve, set risk).
+
+Every write calls the same service as the API, so it is validated and audited
+the same way.
+"""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import F
+from django.utils.html import format_html
+
+from . import credentials, mcp
+from .models import Credential, CredentialKind, McpServer, McpTool, McpToolStatus, McpTransport, RiskLevel
+
+WRITE_ONLY_HELP = (
+    "Write-only: never shown again. bearer: the token; basic: the password; header: the header value; "
+    "oauth2: the refresh token. Leave blank when editing to keep the current one."
+)
+
+
+def _secret_widget() -> forms.PasswordInput:
+    # render_value=False: a re-displayed form (e.g. after a validation error) never echoes it.
+    return forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"})
+
+
+class CredentialForm(forms.ModelForm):
+    secret = forms.CharField(required=False, strip=False, widget=_secret_widget(), help_text=WRITE_ONLY_HELP)
+    username = forms.CharField(required=False, help_text="basic only")
+    client_secret = forms.CharField(required=False, strip=False, widget=_secret_widget(),
+                                    help_text="oauth2 only, optional")  # fmt: skip
+    access_token = forms.CharField(required=False, strip=False, widget=_secret_widget(),
+                                   help_text="oauth2 only, optional (refreshed automatically)")  # fmt: skip
+    metadata = forms.JSONField(required=False, initial=dict,
+                               help_text='header: {"header_name": "X-Api-Key"}; oauth2: {"token_url": ..., '
+                                         '"client_id": ..., "scopes": [...]}')  # fmt: skip
+
+    class Meta:
+        model = Credential
+        fields = ["workspace", "name", "kind", "metadata"]
+
+    def _secret_dict(self, kind: str) -> dict[str, str] | None:
+        data = self.cleaned_data
+        if not data.get("secret"):
+            return None
+        if kind == CredentialKind.BEARER:
+            return {"token": data["secret"]}
+        if kind == CredentialKind.BASIC:
+            return {"username": data.get("username") or "", "password": data["secret"]}
+        if kind == CredentialKind.HEADER:
+            return {"value": data["secret"]}
+        secret = {"refresh_token": data["secret"]}
+        for key in ("client_secret", "access_token"):
+            if data.get(key):
+                secret[key] = data[key]
+        return secret
+
+    def clean(self):
+        cleaned = super().clean()
+        kind = self.instance.kind if self.instance.pk else cleaned.get("kind")
+        if kind is None:
+            return cleaned
+        secret = self._secret_dict(kind)
+        if secret is None and not self.instance.pk:
+            self.add_error("secret", "a new credential needs its secret")
+        try:
+            if secret is not None:
+                credentials.check_secret(kind, {k: v for k, v in secret.items() if v})
+            credentials.check_metadata(kind, cleaned.get("metadata") or {})
+        except credentials.CredentialError as exc:
+            raise forms.ValidationError(exc.message) from None
+        cleaned["secret_dict"] = secret
+        return cleaned
+
+
+class CredentialUsedFilter(admin.SimpleListFilter):
+    title = "used by an MCP server"
+    parameter_name = "mcp"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "yes"), ("no", "no")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(mcp_servers__isnull=False).distinct()
+        if self.value() == "no":
+            return queryset.filter(mcp_servers__isnull=True)
+        return queryset
+
+
+@admin.register(Credential)
+class CredentialAdmin(admin.ModelAdmin):
+    form = CredentialForm
+    list_display = ["name", "kind", "workspace", "updated_at", "created_by"]
+    list_filter = ["kind", "workspace", CredentialUsedFilter]
+    search_fields = ["name"]
+    # encrypted_value is not a form field and not displayed anywhere.
+    readonly_fields = ["created_at", "updated_at", "created_by"]
+
+    def get_readonly_fields(self, request, obj=None):
+        fixed = ["workspace", "name", "kind"] if obj else []
+        return [*fixed, *self.readonly_fields]
+
+    def save_model(self, request, obj, form, change):
+        data = form.cleaned_data
+        if change:
+            credentials.credential_update_secret(
+                credential=obj,
+                secret=data.get("secret_dict"),
+                metadata=data.get("metadata") or {},
+                user=request.user,
+            )
+            return
+        saved = credentials.credential_create(
+            workspace=data["workspace"], name=data["name"], kind=data["kind"], secret=data["secret_dict"],
+            metadata=data.get("metadata") or {}, user=request.user,
+        )  # fmt: skip
+        obj.pk = saved.pk
+
+    def delete_model(self, request, obj):
+        try:
+            credentials.credential_delete(credential=obj, user=request.user)
+        except credentials.CredentialError as exc:
+            self.message_user(request, exc.message, messages.ERROR)
+
+    def delete_queryset(self, request, queryset):
+        for credential in queryset:
+            self.delete_model(request, credential)
+
+
+class McpServerForm(forms.ModelForm):
+    command = forms.JSONField(
+        required=False, initial=list, help_text='stdio: argv list, e.g. ["npx", "server"]'
+    )
+    env = forms.JSONField(required=False, initial=dict,
+                          help_text='stdio: non-secret variables; "$credential" passes the credential\'s secret')  # fmt: skip
+
+    class Meta:
+        model = McpServer
+        fields = ["workspace", "slug", "name", "transport", "url", "command", "env", "credential", "enabled"]
+
+    user = None  # set by McpServerAdmin.get_form
+
+    def clean(self):
+        cleaned = super().clean()
+        workspace = self.instance.workspace if self.instance.pk else cleaned.get("workspace")
+        transport = self.instance.transport if self.instance.pk else cleaned.get("transport")
+        if workspace is None or transport is None:
+            return cleaned
+        try:
+            mcp.clean_server_fields(
+                workspace=workspace, transport=transport, url=cleaned.get("url") or "",
+                command=cleaned.get("command") or [], env=cleaned.get("env") or {},
+                credential=cleaned.get("credential"), user=self.user,
+            )  # fmt: skip
+        except mcp.McpServiceError as exc:
+            raise forms.ValidationError(exc.message) from None
+        return cleaned
+
+
+class McpToolInline(admin.TabularInline):
+    model = McpTool
+    extra = 0
+    can_delete = False
+    fields = ["name", "status", "risk_override", "changed", "last_seen"]
+    readonly_fields = fields
+    show_change_link = True
+
+    @admin.display(boolean=True, description="changed since approval")
+    def changed(self, obj):
+        return obj.changed_since_approval
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(McpServer)
+class McpServerAdmin(admin.ModelAdmin):
+    form = McpServerForm
+    list_display = ["slug", "name", "workspace", "transport", "enabled", "last_harvested_at", "last_error"]
+    list_filter = ["transport", "enabled", "workspace"]
+    search_fields = ["slug", "name", "url"]
+    readonly_fields = ["last_harvested_at", "last_error", "created_at", "updated_at"]
+    inlines = [McpToolInline]
+    actions = ["harvest_now"]
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change=change, **kwargs)
+        form.user = request.user
+        return form
+
+    def get_readonly_fields(self, request, obj=None):
+        fixed = ["workspace", "slug", "transport"] if obj else []
+        return [*fixed, *self.readonly_fields]
+
+    def save_model(self, request, obj, form, change):
+        data = form.cleaned_data
+        if change:
+            mcp.mcp_server_update(
+                server=obj, user=request.user, name=data.get("name", ""), url=data.get("url") or "",
+                command=data.get("command") or [], env=data.get("env") or {}, credential=data.get("credential"),
+                enabled=data.get("enabled", True),
+            )  # fmt: skip
+            return
+        saved = mcp.mcp_server_create(
+            workspace=data["workspace"], slug=data["slug"], name=data.get("name", ""),
+            transport=data.get("transport", McpTransport.HTTP), url=data.get("url") or "",
+            command=data.get("command") or [], env=data.get("env") or {}, credential=data.get("credential"),
+            enabled=data.get("enabled", True), user=request.user,
+        )  # fmt: skip
+        obj.pk = saved.pk
+
+    def save_related(self, request, form, formsets, change):
+        """Tools are written by harvests, never edited through the server form."""
+
+    def delete_model(self, request, obj):
+        mcp.mcp_server_delete(server=obj, user=request.user)
+
+    def delete_queryset(self, request, queryset):
+        for server in queryset:
+            mcp.mcp_server_delete(server=server, user=request.user)
+
+    @admin.action(description="Harvest now", permissions=["change"])
+    def harvest_now(self, request, queryset):
+        for server in queryset:
+            try:
+                counts = mcp.mcp_harvest(server, user=request.user).counts()
+            except mcp.McpServiceError as exc:
+                self.message_user(request, f"{server.slug}: {exc.message}", messages.ERROR)
+                continue
+            level = messages.WARNING if counts["changed"] else messages.SUCCESS
+            self.message_user(request, f"{server.slug}: {counts}", level)
+
+
+class NeedsReviewFilter(admin.SimpleListFilter):
+    title = "needs review"
+    parameter_name = "review"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "changed since approval / disabled")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.exclude(schema_hash=F("approved_hash")) | queryset.filter(
+                status=McpToolStatus.DISABLED
+            )
+        return queryset
+
+
+@admin.register(McpTool)
+class McpToolAdmin(admin.ModelAdmin):
+    list_display = ["capability", "workspace", "status_badge", "risk", "changed", "last_seen"]
+    list_filter = [NeedsReviewFilter, "status", "risk_override", "server__workspace", "server"]
+    search_fields = ["name", "server__slug", "description"]
+    ordering = ["status", "server__slug", "name"]  # "active" < "disabled" < "removed"; filter to review
+    readonly_fields = [
+        "server", "name", "description", "input_schema", "output_schema", "annotations", "schema_hash",
+        "approved_hash", "status", "risk_override", "first_seen", "last_seen",
+    ]  # fmt: skip
+    actions = ["reapprove", "risk_low", "risk_medium", "risk_high", "risk_critical", "risk_default"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("server", "server__workspace")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # removed tools stay on record
+
+    def save_model(self, request, obj, form, change):
+        """Every field is read-only: trust changes go through the audited actions only."""
+
+    @admin.display(description="capability", ordering="name")
+    def capability(self, obj):
+        return mcp.capability_id(obj)
+
+    @admin.display(description="workspace")
+    def workspace(self, obj):
+        return obj.server.workspace
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, obj):
+        colour = {
+            McpToolStatus.ACTIVE: "green",
+            McpToolStatus.DISABLED: "#c00",
+            McpToolStatus.REMOVED: "grey",
+        }
+        label = obj.status.upper() if obj.status == McpToolStatus.DISABLED else obj.status
+        return format_html('<b style="color:{}">{}</b>', colour.get(obj.status, "black"), label)
+
+    @admin.display(description="risk")
+    def risk(self, obj):
+        return obj.risk_override or f"{RiskLevel.HIGH} (default)"
+
+    @admin.display(boolean=True, description="changed since approval")
+    def changed(self, obj):
+        return obj.changed_since_approval
+
+    def _each(self, request, queryset, fn, done: str) -> None:
+        count = 0
+        for tool in queryset:
+            try:
+                fn(tool)
+                count += 1
+            except mcp.McpServiceError as exc:
+                self.message_user(request, f"{mcp.capability_id(tool)}: {exc.message}", messages.ERROR)
+        if count:
+            self.message_user(request, f"{count} tool(s) {done}", messages.SUCCESS)
+
+    @admin.action(description="Re-approve (trust the current definition)", permissions=["change"])
+    def reapprove(self, request, queryset):
+        self._each(request, queryset, lambda t: mcp.mcp_tool_approve(tool=t, user=request.user), "approved")
+
+    def _set_risk(self, request, queryset, risk: str | None) -> None:
+        self._each(request, queryset, lambda t: mcp.mcp_tool_set_risk(tool=t, risk=risk, user=request.user),
+                   f"set to risk {risk or 'default (high)'}")  # fmt: skip
+
+    @admin.action(description="Set risk: low", permissions=["change"])
+    def risk_low(self, request, queryset):
+        self._set_risk(request, queryset, RiskLevel.LOW)
+
+    @admin.action(description="Set risk: medium", permissions=["change"])
+    def risk_medium(self, request, queryset):
+        self._set_risk(request, queryset, RiskLevel.MEDIUM)
+
+    @admin.action(description="Set risk: high", permissions=["change"])
+    def risk_high(self, request, queryset):
+        self._set_risk(request, queryset, RiskLevel.HIGH)
+
+    @admin.action(description="Set risk: critical", permissions=["change"])
+    def risk_critical(self, request, queryset):
+        self._set_risk(request, queryset, RiskLevel.CRITICAL)
+
+    @admin.action(description="Clear risk override (back to high)", permissions=["change"])
+    def risk_default(self, request, queryset):
+        self._set_risk(request, queryset, None)

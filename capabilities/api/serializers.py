@@ -1,0 +1,105 @@
+"""Shapes only. Credential serializers have no field that could carry a secret out."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from ..models import Credential, CredentialKind, McpServer, McpTool, McpTransport, RiskLevel
+
+
+class CredentialOut(serializers.ModelSerializer):
+    workspace = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = Credential
+        # Deliberately explicit: encrypted_value is never serialised.
+        fields = ["id", "name", "kind", "metadata", "workspace", "created_at", "updated_at"]
+        read_only_fields = fields
+
+
+class CredentialIn(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    kind = serializers.ChoiceField(choices=CredentialKind.choices)
+    secret = serializers.DictField(child=serializers.CharField(trim_whitespace=False, max_length=16384))
+    metadata = serializers.JSONField(required=False, default=dict)
+    workspace = serializers.SlugField(required=False)
+
+
+class CredentialSecretIn(serializers.Serializer):
+    secret = serializers.DictField(
+        child=serializers.CharField(trim_whitespace=False, max_length=16384), required=False
+    )
+    metadata = serializers.JSONField(required=False)
+
+
+class McpServerOut(serializers.ModelSerializer):
+    workspace = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    credential = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = McpServer
+        fields = [
+            "id", "slug", "name", "workspace", "transport", "url", "command", "env", "credential", "enabled",
+            "last_harvested_at", "last_error", "created_at", "updated_at",
+        ]  # fmt: skip
+        read_only_fields = fields
+
+
+class McpServerIn(serializers.Serializer):
+    slug = serializers.CharField(max_length=64)
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    transport = serializers.ChoiceField(choices=McpTransport.choices, default=McpTransport.HTTP)
+    url = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+    command = serializers.ListField(
+        child=serializers.CharField(max_length=4096), required=False, default=list
+    )
+    env = serializers.DictField(child=serializers.CharField(allow_blank=True, max_length=4096), required=False,
+                                default=dict)  # fmt: skip
+    credential = serializers.CharField(max_length=100, required=False, allow_null=True, default=None)
+    enabled = serializers.BooleanField(required=False, default=True)
+    workspace = serializers.SlugField(required=False)
+
+
+class McpServerPatch(serializers.Serializer):
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    url = serializers.CharField(max_length=2000, required=False, allow_blank=True)
+    command = serializers.ListField(child=serializers.CharField(max_length=4096), required=False)
+    env = serializers.DictField(
+        child=serializers.CharField(allow_blank=True, max_length=4096), required=False
+    )
+    credential = serializers.CharField(max_length=100, required=False, allow_null=True)
+    enabled = serializers.BooleanField(required=False)
+
+
+class McpToolOut(serializers.ModelSerializer):
+    server = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    capability_id = serializers.SerializerMethodField()
+    risk = serializers.SerializerMethodField()
+    changed_since_approval = serializers.BooleanField(read_only=True)
+
+    class Meta:
+        model = McpTool
+        fields = [
+            "id", "server", "capability_id", "name", "description", "input_schema", "output_schema", "annotations",
+            "status", "risk", "risk_override", "schema_hash", "approved_hash", "changed_since_approval",
+            "first_seen", "last_seen",
+        ]  # fmt: skip
+        read_only_fields = fields
+
+    def get_capability_id(self, tool: McpTool) -> str:
+        return f"{tool.server.slug}.{tool.name}"
+
+    def get_risk(self, tool: McpTool) -> str:
+        return tool.risk_override or RiskLevel.HIGH
+
+
+class McpToolPatch(serializers.Serializer):
+    risk_override = serializers.ChoiceField(choices=RiskLevel.choices, allow_null=True)
+
+
+class HarvestOut(serializers.Serializer):
+    new = serializers.IntegerField()
+    changed = serializers.IntegerField()
+    removed = serializers.IntegerField()
+    restored = serializers.IntegerField()
+    unchanged = serializers.IntegerField()

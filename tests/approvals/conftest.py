@@ -1,0 +1,202 @@
+"""Shared fixtures for the approvals tests.
+
+* a throwaway Ed25519 signing key per test;
+* ``sent``: every Celery message the code under test sends (nothing reaches a broker);
+* ``target``: a local HTTP server counting requests per path — the side effect;
+* ``people``: a workspace (egress allowed to 127.0.0.1) with an owner (admin),
+  two approvers, an operator, a viewer and an outsider;
+* ``drive``: create automations and drive runs in-process through the real
+  dispatcher and executor (``run_create`` → ``execute_run``; after a decision,
+  ``run_resume`` exactly as the ``autoplane.resume_run`` task does, then ``execute_run``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+import pytest
+from django.db import connection
+
+from audit import signing
+
+from .helpers import Driver
+
+_guard = importlib.import_module("audit.migrations.0002_append_only_guard")
+
+
+@pytest.fixture(autouse=True)
+def signing_key_file(settings, tmp_path):
+    """Every test signs with its own key file; nothing touches the real data directory's key."""
+    key_file = tmp_path / "keys" / "signing_key.pem"
+    settings.AUTOPLANE_SIGNING_KEY = ""
+    settings.AUTOPLANE_SIGNING_KEY_FILE = key_file
+    settings.AUTOPLANE_RETIRED_PUBLIC_KEY_FILES = []
+    signing.generate_key_file(key_file)
+    return key_file
+
+
+@pytest.fixture(autouse=True)
+def sent(monkeypatch) -> list[tuple[str, list]]:
+    """Capture Celery messages: ``send_task`` (by name) and the engine's ``execute_run.apply_async``."""
+    from automations import tasks
+    from config.celery import app
+
+    messages: list[tuple[str, list]] = []
+    lock = threading.Lock()
+
+    def send_task(name, args=None, kwargs=None, **options):
+        with lock:
+            messages.append((name, list(args or [])))
+
+    def apply_async(args=None, kwargs=None, **options):
+        with lock:
+            messages.append(("autoplane.execute_run", list(args or [])))
+
+    monkeypatch.setattr(app, "send_task", send_task)
+    monkeypatch.setattr(tasks.execute_run, "apply_async", apply_async)
+    return messages
+
+
+class _Counting(BaseHTTPRequestHandler):
+    hits: Counter
+    lock: threading.Lock
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        with self.lock:
+            self.hits[(self.command, self.path)] += 1
+        body = b'{"ok": true}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_DELETE = _answer
+
+
+class Target(SimpleNamespace):
+    def url(self, path: str) -> str:
+        return f"{self.base}{path}"
+
+    def count(self, path: str, method: str | None = None) -> int:
+        with self.lock:
+            return sum(n for (m, p), n in self.hits.items() if p == path and method in (None, m))
+
+
+@pytest.fixture(scope="session")
+def target() -> Iterator[Target]:
+    hits: Counter = Counter()
+    lock = threading.Lock()
+    handler = type("Handler", (_Counting,), {"hits": hits, "lock": lock})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield Target(base=f"http://127.0.0.1:{server.server_address[1]}", hits=hits, lock=lock)
+    server.shutdown()
+    server.server_close()
+
+
+_paths = itertools.count()
+
+
+@pytest.fixture
+def path_for():
+    """A fresh URL path per call, so request counts never mix between tests."""
+    return lambda name="x": f"/{name}-{next(_paths)}"
+
+
+@pytest.fixture(autouse=True)
+def _no_deployment_allowlist(settings) -> None:
+    settings.AUTOPLANE_EGRESS_ALLOWLIST = []
+
+
+def _make_people(four_eyes: bool = False) -> SimpleNamespace:
+    from django.contrib.auth import get_user_model
+
+    from workspaces.models import Workspace
+    from workspaces.services import membership_set_role, workspace_get_or_create
+
+    users = get_user_model().objects
+    workspace = workspace_get_or_create(slug="ops")
+    Workspace.objects.filter(pk=workspace.pk).update(egress_allowlist=["127.0.0.1"], four_eyes=four_eyes)
+    workspace.refresh_from_db()
+    other = workspace_get_or_create(slug="elsewhere")
+    people = SimpleNamespace(workspace=workspace, other_workspace=other)
+    for name, role in [("owen", "admin"), ("alice", "approver"), ("bob", "approver"), ("carol", "approver"),
+                       ("oscar", "operator"), ("vera", "viewer")]:  # fmt: skip
+        user = users.create_user(username=name, password=f"{name}-password")
+        membership_set_role(workspace=workspace, user=user, role=role)
+        setattr(people, name, user)
+    people.olga = users.create_user(username="olga", password="olga-password")  # belongs nowhere
+    membership_set_role(workspace=other, user=people.olga, role="admin")
+    return people
+
+
+@pytest.fixture
+def people(db) -> SimpleNamespace:
+    return _make_people()
+
+
+@pytest.fixture
+def drive(people) -> Driver:
+    return Driver(people)
+
+
+# --- committed data (threads, live server) -------------------------------------------
+
+
+def _drop_guard() -> None:
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("DROP TRIGGER IF EXISTS audit_append_only_row ON audit_auditevent")
+        else:
+            cursor.execute("DROP TRIGGER IF EXISTS audit_no_update")
+            cursor.execute("DROP TRIGGER IF EXISTS audit_no_delete")
+
+
+def _install_guard() -> None:
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(_guard.PG_REMOVE)
+            cursor.execute(_guard.PG_INSTALL)
+        else:
+            for statement in _guard.SQLITE_REMOVE + _guard.SQLITE_INSTALL:
+                cursor.execute(statement)
+
+
+@pytest.fixture
+def committed(transactional_db):
+    """For tests whose rows must be committed (threads, a live server): afterwards empty the
+    append-only ledger with its guard briefly dropped, so the database flush can run."""
+    yield
+    from audit.models import AuditChainHead, AuditCheckpoint, AuditEvent
+
+    _drop_guard()
+    try:
+        AuditEvent.objects.all().delete()
+        AuditCheckpoint.objects.all().delete()
+        AuditChainHead.objects.all().delete()
+    finally:
+        _install_guard()
+
+
+@pytest.fixture
+def committed_people(committed) -> SimpleNamespace:
+    return _make_people()
+
+
+@pytest.fixture
+def committed_drive(committed_people) -> Driver:
+    return Driver(committed_people)

@@ -1,0 +1,155 @@
+"""The gate matrix end to end: 5 autonomy levels × 4 risks through the real executor.
+
+The side effect is a request to a local HTTP server; each case has its own path.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from approvals import policy
+from approvals.models import Approval, ApprovalStatus
+from automations.models import DomainEvent
+from capabilities.base import Risk
+
+from .helpers import audit_types, definition, risk_step
+
+LEVELS = ["A0", "A1", "A2", "A3", "A4"]
+RISKS = ["low", "medium", "high", "critical"]
+EXPECTED = {
+    #      low        medium     high       critical
+    "A0": ("preview", "preview", "preview", "preview"),
+    "A1": ("confirm", "confirm", "confirm", "block"),
+    "A2": ("allow", "confirm", "confirm", "block"),
+    "A3": ("allow", "allow", "confirm", "block"),
+    "A4": ("allow", "allow", "allow", "confirm"),
+}
+
+
+def test_risk_steps_have_the_risk_they_are_named_for():
+    from automations.definition import describe_step
+
+    for risk in RISKS:
+        step = risk_step(risk, "http://127.0.0.1/x")
+        config = step["config"]
+        computed, _ = policy.step_risk(
+            describe_step(step), verbs=[config["method"], "", step["step_id"]], recipients=0
+        )
+        assert computed == Risk.parse(risk), risk
+
+
+@pytest.mark.parametrize("risk", RISKS)
+@pytest.mark.parametrize("autonomy", LEVELS)
+def test_gate_matrix_end_to_end(drive, target, path_for, autonomy, risk):
+    expected = EXPECTED[autonomy][RISKS.index(risk)]
+    path = path_for(f"{autonomy}-{risk}")
+    step_id = risk_step(risk, "")["step_id"]
+    automation = drive.automation(definition(risk_step(risk, target.url(path)), autonomy=autonomy))
+
+    run = drive.start(automation)
+
+    step = drive.step(run, step_id)
+    approvals = Approval.objects.filter(run_id=run.pk)
+    if expected == "allow":
+        assert run.status == "succeeded", run.error
+        assert step.status == "succeeded"
+        assert target.count(path) == 1
+        assert not approvals.exists()
+    elif expected == "confirm":
+        assert run.status == "awaiting_approval"
+        assert step.status == "awaiting_approval"
+        assert target.count(path) == 0
+        approval = approvals.get()
+        assert approval.status == ApprovalStatus.PENDING
+        assert approval.risk == risk
+        assert approval.what == {"method": RISK_METHOD[risk], "url": target.url(path)}
+        assert approval.step_id == step_id
+        assert "gate.required" in audit_types(run.trace_id)
+    elif expected == "preview":
+        assert run.status == "succeeded", run.error
+        assert step.status == "succeeded"
+        assert step.output["data"]["preview"] is True
+        assert step.output["data"]["rendered_config"]["url"] == target.url(path)
+        assert target.count(path) == 0
+        assert not approvals.exists()
+    else:
+        assert run.status == "failed"
+        assert run.error["code"] == "POLICY_VIOLATION"
+        assert step.error_code == "POLICY_VIOLATION"
+        assert target.count(path) == 0
+        assert not approvals.exists()
+
+
+RISK_METHOD = {"low": "GET", "medium": "POST", "high": "POST", "critical": "DELETE"}
+
+
+def test_confirmed_step_runs_after_approval(drive, people, target, path_for):
+    path = path_for("approved")
+    automation = drive.automation(definition(risk_step("critical", target.url(path)), autonomy="A4"))
+    run = drive.start(automation)
+
+    drive.decide(drive.approval(run), people.alice)
+    run = drive.resume(run)
+
+    assert run.status == "succeeded", run.error
+    assert target.count(path) == 1
+    assert drive.approval(run).status == ApprovalStatus.CONSUMED
+    types = audit_types(run.trace_id)
+    assert types.index("approval.approved") < types.index("approval.consumed") < types.index("step.succeeded")
+
+
+def test_require_approval_gates_even_at_a4(drive, people, target, path_for):
+    path = path_for("after-checkpoint")
+    doc = definition(
+        {"step_id": "checkpoint", "action": "require_approval", "config": {"message": "Ship the release?"}},
+        risk_step("low", target.url(path)),
+        autonomy="A4",
+    )
+    run = drive.start(drive.automation(doc))
+
+    assert run.status == "awaiting_approval"
+    approval = drive.approval(run)
+    assert approval.message == "Ship the release?"
+    assert approval.why.startswith("explicit approval step")
+    assert target.count(path) == 0
+
+    drive.decide(approval, people.alice)
+    run = drive.resume(run)
+    assert run.status == "succeeded", run.error
+    assert target.count(path) == 1
+
+
+def test_new_pending_approval_publishes_approval_requested(drive, target, path_for):
+    automation = drive.automation(definition(risk_step("high", target.url(path_for("event"))), autonomy="A3"))
+
+    run = drive.start(automation)
+
+    approval = drive.approval(run)
+    event = DomainEvent.objects.get(event_type="approval.requested")
+    assert event.source == "approvals"
+    assert event.trace_id == run.trace_id
+    assert event.chain_depth == run.chain_depth + 1
+    assert str(event.parent_run_id) == str(run.pk)
+    assert event.payload["approval_id"] == str(approval.pk)
+    assert event.payload["run_id"] == str(run.pk)
+    assert event.payload["automation_id"] == str(automation.pk)
+    assert event.payload["automation_name"] == automation.name
+    assert event.payload["step_id"] == "remove_item"
+    assert event.payload["risk"] == "high"
+    assert event.payload["why"] == approval.why
+    assert event.payload["expires_at"] == approval.expires_at.isoformat()
+
+
+def test_asking_again_for_a_pending_step_publishes_nothing_new(drive, target, path_for):
+    from automations.executor import execute_run
+    from automations.models import Run
+
+    run = drive.start(drive.automation(definition(risk_step("high", target.url(path_for("again"))))))
+    # A redelivered message finds the run parked: the claim refuses it, nothing is asked twice.
+    execute_run(str(run.pk))
+    # Even forced back through the gate, the existing approval is reused.
+    Run.objects.filter(pk=run.pk).update(status="queued")
+    execute_run(str(run.pk))
+
+    assert Approval.objects.filter(run_id=run.pk).count() == 1
+    assert DomainEvent.objects.filter(event_type="approval.requested").count() == 1

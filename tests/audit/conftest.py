@@ -1,0 +1,117 @@
+"""Fixtures for the audit ledger tests: a throwaway signing key, ways to tamper, users in workspaces."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from types import SimpleNamespace
+
+import pytest
+from django.db import connection
+
+from audit import signing
+from audit.models import AuditChainHead, AuditCheckpoint, AuditEvent
+
+_guard = importlib.import_module("audit.migrations.0002_append_only_guard")
+
+
+@pytest.fixture(autouse=True)
+def signing_key_file(settings, tmp_path):
+    """Every test signs with its own key file; nothing touches the real data directory's key."""
+    key_file = tmp_path / "keys" / "signing_key.pem"
+    settings.AUTOPLANE_SIGNING_KEY = ""
+    settings.AUTOPLANE_SIGNING_KEY_FILE = key_file
+    settings.AUTOPLANE_RETIRED_PUBLIC_KEY_FILES = []
+    signing.generate_key_file(key_file)
+    return key_file
+
+
+def _drop_guard() -> None:
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("DROP TRIGGER IF EXISTS audit_append_only_row ON audit_auditevent")
+        else:
+            cursor.execute("DROP TRIGGER IF EXISTS audit_no_update")
+            cursor.execute("DROP TRIGGER IF EXISTS audit_no_delete")
+
+
+def _install_guard() -> None:
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(_guard.PG_REMOVE)
+            cursor.execute(_guard.PG_INSTALL)
+        else:
+            for statement in _guard.SQLITE_REMOVE + _guard.SQLITE_INSTALL:
+                cursor.execute(statement)
+
+
+def _set_payload(event_id: int, payload: dict) -> None:
+    cast = "::jsonb" if connection.vendor == "postgresql" else ""
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE audit_auditevent SET payload = %s{cast} WHERE id = %s", [json.dumps(payload), event_id])
+        assert cursor.rowcount == 1
+
+
+def _delete_events(ids: list[int]) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM audit_auditevent WHERE id IN ({', '.join(['%s'] * len(ids))})",
+            list(ids),
+        )
+        assert cursor.rowcount == len(ids)
+
+
+def _rewind_head(chain: str, to: AuditEvent) -> None:
+    """Make the head row agree with ``to``, as a careful attacker would after cutting the tail."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE audit_auditchainhead SET seq = %s, head_hash = %s WHERE chain = %s",
+            [to.seq, to.hash, chain],
+        )
+
+
+@pytest.fixture
+def tamper(db):
+    """Raw-SQL tampering helpers. Inside a test transaction the dropped trigger comes back on rollback."""
+    _drop_guard()
+    return SimpleNamespace(set_payload=_set_payload, delete_events=_delete_events, rewind_head=_rewind_head)
+
+
+@pytest.fixture
+def committed_ledger(transactional_db):
+    """For tests that need committed rows: empty the append-only tables afterwards.
+
+    The flush between transactional tests cannot DELETE ledger rows past the
+    trigger, so this removes them with the trigger briefly dropped.
+    """
+    yield
+    _drop_guard()
+    try:
+        AuditEvent.objects.all().delete()
+        AuditCheckpoint.objects.all().delete()
+        AuditChainHead.objects.all().delete()
+    finally:
+        _install_guard()
+
+
+@pytest.fixture
+def api_users(db):
+    """Alice administers workspace A, Bob views workspace B, Olga belongs nowhere; each with an API token."""
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    from workspaces.services import api_token_create
+
+    alice_token = api_token_create(username="alice", workspace_slug="ws-a", role="admin")
+    bob_token = api_token_create(username="bob", workspace_slug="ws-b", role="viewer")
+    olga = get_user_model().objects.create(username="olga")
+    olga_token = Token.objects.create(user=olga).key
+    from workspaces.models import Workspace
+
+    return SimpleNamespace(
+        alice=alice_token,
+        bob=bob_token,
+        olga=olga_token,
+        ws_a=Workspace.objects.get(slug="ws-a"),
+        ws_b=Workspace.objects.get(slug="ws-b"),
+    )

@@ -1,0 +1,247 @@
+"""Verification, checkpoints and the signing key."""
+
+from __future__ import annotations
+
+import base64
+import stat
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from django.core.exceptions import ImproperlyConfigured
+
+from audit import offline_verify, signing, writer
+from audit.checkpoints import checkpoint_bytes, checkpoint_write
+from audit.models import AuditCheckpoint, AuditEvent
+from audit.verify import verify_all, verify_chain
+
+
+def _events(n: int, workspace_id: int | None = 1) -> list[AuditEvent]:
+    return [
+        writer.append(trace_id="t", type="test.event", summary=f"event {i}", workspace_id=workspace_id, payload={"i": i})
+        for i in range(n)
+    ]
+
+
+# --- the chain --------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_intact_chains_verify_with_counts():
+    _events(5, workspace_id=1)
+    _events(3, workspace_id=2)
+    checkpoint_write()
+    result = verify_all()
+    assert result.ok
+    assert (result.events, result.checkpoints, len(result.chains)) == (8, 2, 2)
+
+
+@pytest.mark.django_db
+def test_altered_payload_is_named_by_event_id(tamper):
+    events = _events(5)
+    tamper.set_payload(events[2].id, {"i": 999})
+    result = verify_chain("ws-1")
+    assert not result.ok
+    assert (result.broken.event_id, result.broken.seq) == (events[2].id, 3)
+    assert "altered" in result.broken.reason
+
+
+@pytest.mark.django_db
+def test_altered_row_with_recomputed_hash_breaks_the_next_link(tamper):
+    events = _events(4)
+    row = AuditEvent.objects.get(pk=events[1].id)
+    fields = {name: getattr(row, name) for name in writer.HASHED_FIELDS}
+    fields["payload"] = {"i": 999}
+    tamper.set_payload(row.id, {"i": 999})
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE audit_auditevent SET hash = %s WHERE id = %s", [writer.event_hash(fields), row.id])
+    result = verify_chain("ws-1")
+    assert result.broken.event_id == events[2].id
+    assert "prev_hash" in result.broken.reason
+
+
+@pytest.mark.django_db
+def test_deleted_middle_row_is_a_seq_gap(tamper):
+    events = _events(5)
+    tamper.delete_events([events[2].id])
+    result = verify_chain("ws-1")
+    assert (result.broken.event_id, result.broken.seq) == (events[3].id, 4)
+    assert "seq gap" in result.broken.reason
+
+
+@pytest.mark.django_db
+def test_deleted_tail_with_head_left_alone_is_detected_by_the_head(tamper):
+    events = _events(5)
+    tamper.delete_events([events[3].id, events[4].id])
+    result = verify_chain("ws-1")
+    assert not result.ok
+    assert "head row says seq 5" in result.broken.reason
+    assert result.broken.event_id == events[2].id
+
+
+@pytest.mark.django_db
+def test_tail_truncation_with_rewound_head_is_caught_by_the_checkpoint(tamper):
+    # given a checkpoint at seq 6
+    events = _events(6)
+    (checkpoint,) = checkpoint_write()
+    assert checkpoint.seq == 6
+    # when the newest two rows are deleted and the head row rewound to look consistent
+    tamper.delete_events([events[4].id, events[5].id])
+    tamper.rewind_head("ws-1", events[3])
+    # then only the checkpoint shows it, and verification names it
+    result = verify_chain("ws-1")
+    assert not result.ok
+    assert result.broken.checkpoint_id == checkpoint.id
+    assert f"no longer reaches checkpoint #{checkpoint.id}" in result.broken.reason
+
+
+@pytest.mark.django_db
+def test_forged_checkpoint_signature_is_detected():
+    _events(2)
+    (checkpoint,) = checkpoint_write()
+    other_key = Ed25519PrivateKey.generate()
+    data = checkpoint_bytes(chain="ws-1", seq=2, head_hash=checkpoint.head_hash, created_at=checkpoint.created_at)
+    AuditCheckpoint.objects.create(
+        chain="ws-1",
+        seq=2,
+        head_hash=checkpoint.head_hash,
+        created_at=checkpoint.created_at,
+        key_id=checkpoint.key_id,
+        signature=signing.b64url(other_key.sign(data)),
+    )
+    result = verify_chain("ws-1")
+    assert not result.ok
+    assert "invalid signature" in result.broken.reason
+
+
+@pytest.mark.django_db
+def test_checkpoint_for_a_head_that_does_not_exist_is_detected():
+    events = _events(2)
+    data = checkpoint_bytes(chain="ws-1", seq=2, head_hash="f" * 64, created_at=events[1].timestamp)
+    key_id, signature = signing.sign(data)
+    cp = AuditCheckpoint.objects.create(
+        chain="ws-1", seq=2, head_hash="f" * 64, created_at=events[1].timestamp, key_id=key_id, signature=signature
+    )
+    result = verify_chain("ws-1")
+    assert result.broken.checkpoint_id == cp.id
+    assert result.broken.event_id == events[1].id
+
+
+@pytest.mark.django_db
+def test_checkpoints_are_written_only_for_chains_that_moved():
+    _events(2, workspace_id=1)
+    _events(2, workspace_id=2)
+    assert {cp.chain for cp in checkpoint_write()} == {"ws-1", "ws-2"}
+    assert checkpoint_write() == []
+    _events(1, workspace_id=2)
+    assert [(cp.chain, cp.seq) for cp in checkpoint_write()] == [("ws-2", 3)]
+    assert [cp.chain for cp in checkpoint_write("ws-1")] == []
+
+
+@pytest.mark.django_db
+def test_rotation_re_signs_unmoved_chains_with_the_new_key(signing_key_file):
+    _events(2)
+    (first,) = checkpoint_write()
+    old = signing.read_key_file(signing_key_file)
+    signing.retire_public_key(old.public_key(), signing_key_file)
+    signing.generate_key_file(signing_key_file, force=True)
+    (second,) = checkpoint_write()
+    assert second.key_id != first.key_id
+    assert second.key_id == signing.current_key_id()
+    result = verify_all()
+    assert result.ok and result.checkpoints == 2
+
+
+def test_offline_verifier_hashes_exactly_like_the_writer():
+    # given fields with nested, unicode and numeric content, as an export line carries them
+    fields = {
+        "chain": "ws-9", "seq": 12, "timestamp": "2026-11-22T11:33:00.123456+00:00", "trace_id": "tr",
+        "stage": "step", "type": "step.succeeded", "summary": "Grüße \u2603 \"quoted\"", "outcome": "success",
+        "workspace_id": 9, "refs": {"run": 5, "step": "a"}, "actor": "user:1",
+        "payload": {"n": [1, 2.5, 1e-07, None, True], "big": 2**70, "s": "\\"}, "prev_hash": "a" * 64,
+    }  # fmt: skip
+    assert offline_verify.event_hash(fields) == writer.event_hash(fields)
+    cp = {"chain": "ws-9", "seq": 12, "head_hash": "b" * 64, "created_at": "2026-11-22T11:33:00.123456+00:00"}
+    assert offline_verify.checkpoint_bytes(cp) == checkpoint_bytes(**cp)
+
+
+@pytest.mark.django_db
+def test_offline_hash_matches_rows_written_through_the_database():
+    _events(3)
+    for row in AuditEvent.objects.all():
+        line = {name: getattr(row, name) for name in writer.HASHED_FIELDS}
+        line["timestamp"] = writer.format_timestamp(line["timestamp"])
+        assert offline_verify.event_hash(line) == row.hash
+
+
+# --- the signing key --------------------------------------------------------------------------
+
+
+def test_key_file_is_private_and_key_id_is_sha256_prefix_of_the_public_key(signing_key_file):
+    assert stat.S_IMODE(signing_key_file.stat().st_mode) == 0o600
+    key = signing.signing_key()
+    assert signing.current_key_id() == signing.key_id_for(key.public_key())
+    import hashlib
+
+    assert signing.current_key_id() == hashlib.sha256(signing.raw_public_bytes(key.public_key())).hexdigest()[:16]
+
+
+def test_sign_and_verify_round_trip_and_reject_tampering():
+    key_id, signature = signing.sign(b"payload")
+    assert signing.verify(key_id, b"payload", signature)
+    assert not signing.verify(key_id, b"payload!", signature)
+    assert not signing.verify("0" * 16, b"payload", signature)
+    assert not signing.verify(key_id, b"payload", "not base64 !!")
+    assert not signing.verify(key_id, b"payload", signature[:-4])
+
+
+def test_old_signature_verifies_after_rotation_when_old_public_key_is_retired(settings, signing_key_file, tmp_path):
+    # given a signature made with the old key
+    old_key_id, signature = signing.sign(b"approve step 3")
+    old_public = signing.signing_key().public_key()
+    # when the key is replaced without keeping the old public key
+    signing.generate_key_file(signing_key_file, force=True)
+    # then the old signature no longer verifies
+    assert signing.current_key_id() != old_key_id
+    assert not signing.verify(old_key_id, b"approve step 3", signature)
+    # and when the old public key is listed as retired, it verifies again (and is published as not current)
+    retired = tmp_path / "old.pub.pem"
+    retired.write_text(signing.public_pem(old_public))
+    settings.AUTOPLANE_RETIRED_PUBLIC_KEY_FILES = [retired]
+    assert signing.verify(old_key_id, b"approve step 3", signature)
+    published = {k["key_id"]: k["current"] for k in signing.public_keys()}
+    assert published == {signing.current_key_id(): True, old_key_id: False}
+
+
+def test_key_from_environment_as_pem_or_raw_base64(settings):
+    key = Ed25519PrivateKey.generate()
+    raw = key.private_bytes_raw()
+    expected = signing.key_id_for(key.public_key())
+    settings.AUTOPLANE_SIGNING_KEY = base64.b64encode(raw).decode()
+    assert signing.current_key_id() == expected
+    settings.AUTOPLANE_SIGNING_KEY = signing.private_pem(key).decode()
+    assert signing.current_key_id() == expected
+    settings.AUTOPLANE_SIGNING_KEY = "bm90IGEga2V5"
+    with pytest.raises(ImproperlyConfigured):
+        signing.sign(b"x")
+
+
+def test_missing_key_is_generated_only_where_allowed(settings, tmp_path):
+    settings.AUTOPLANE_SIGNING_KEY_FILE = tmp_path / "fresh" / "key.pem"
+    settings.AUTOPLANE_SIGNING_KEY_AUTOGENERATE = False
+    with pytest.raises(ImproperlyConfigured, match="keygen"):
+        signing.sign(b"x")
+    settings.AUTOPLANE_SIGNING_KEY_AUTOGENERATE = True
+    key_id, _ = signing.sign(b"x")
+    assert (tmp_path / "fresh" / "key.pem").exists()
+    assert stat.S_IMODE((tmp_path / "fresh" / "key.pem").stat().st_mode) == 0o600
+    assert key_id == signing.current_key_id()
+
+
+def test_public_keys_shape():
+    (entry,) = signing.public_keys()
+    assert set(entry) == {"key_id", "algorithm", "public_key", "pem", "current"}
+    assert entry["algorithm"] == "Ed25519" and entry["current"] is True
+    assert len(signing.b64url_decode(entry["public_key"])) == 32
+    assert entry["pem"].startswith("-----BEGIN PUBLIC KEY-----")

@@ -1,0 +1,562 @@
+"""MCP servers and tools against a real MCP server (the SDK's MCPServer) over streamable HTTP and stdio.
+
+Runs are driven in-process with the real executor (``execute_run`` is what the
+Celery task calls), so every step goes through rendering, validation, the
+gate, the handler and redaction exactly as on a worker.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from django.utils import timezone
+
+from approvals.models import Approval
+from approvals.services import approval_decide
+from audit.models import AuditEvent
+from automations import executor
+from automations import services as engine
+from automations.models import Run, RunStatus, StepRun
+from capabilities import credentials, mcp, registry, tasks
+from capabilities.base import ErrorCode, Risk, SideEffect
+from capabilities.models import McpServer, McpTool, McpToolStatus
+
+pytestmark = pytest.mark.django_db
+
+SECRET = "mcp-secret-4c1d9e8f7a6b"
+TOOLS = {"read_file", "write_note", "slow_note", "echo_secret", "fail"}
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def drive():
+    """Run a run to rest with the real executor, letting parked retry timers come due at once."""
+
+    def _drive(run_id, max_rounds: int = 30) -> Run:
+        for _ in range(max_rounds):
+            run = Run.objects.get(pk=run_id)
+            if run.status == RunStatus.WAITING:
+                Run.objects.filter(pk=run_id).update(wake_at=timezone.now() - timedelta(seconds=1))
+            elif run.status != RunStatus.QUEUED or run.enqueued_at is None:
+                return run
+            executor.execute_run(str(run_id))
+        raise AssertionError(f"run {run_id} did not come to rest")
+
+    return _drive
+
+
+def _http(workspace, server, slug="files", credential=None) -> McpServer:
+    return mcp.mcp_server_create(workspace=workspace, slug=slug, transport="http", url=server.url,
+                                 credential=credential)  # fmt: skip
+
+
+def _stdio(workspace, command, tmp_path, slug="local", credential=None, env=None) -> McpServer:
+    env = {"MCP_TEST_NOTES": str(tmp_path / "stdio-notes.txt"), **(env or {})}
+    return mcp.mcp_server_create(workspace=workspace, slug=slug, transport="stdio", command=command, env=env,
+                                 credential=credential)  # fmt: skip
+
+
+def _call(step_id, capability, args=None, **extra) -> dict:
+    return {"step_id": step_id, "action": "call_capability",
+            "config": {"capability": capability, "args": args or {}}, **extra}  # fmt: skip
+
+
+def _automation(workspace, owner, *steps, autonomy="A4", name="mcp test", **execution):
+    definition = {"schema_version": "1.0", "name": name, "plan": list(steps),
+                  "execution": {"autonomy": autonomy, **execution}}  # fmt: skip
+    return engine.automation_create(workspace=workspace, definition=definition, user=owner)
+
+
+def _start(automation, owner) -> Run:
+    return engine.run_create(automation=automation, inputs={}, user=owner).run
+
+
+def _step(run, step_id) -> StepRun:
+    return StepRun.objects.get(run=run, step_id=step_id)
+
+
+def _tool(name, slug="files") -> McpTool:
+    return McpTool.objects.get(server__slug=slug, name=name)
+
+
+def _audit_dump() -> str:
+    rows = AuditEvent.objects.values_list("type", "summary", "payload", "refs", "actor")
+    return json.dumps([list(row) for row in rows])
+
+
+# --- harvest ---------------------------------------------------------------------------
+
+
+def test_harvest_over_http_records_untrusted_tools(workspace, mcp_http):
+    server = _http(workspace, mcp_http)
+
+    result = mcp.mcp_harvest(server)
+
+    assert sorted(result.new) == sorted(TOOLS)
+    tools = McpTool.objects.filter(server=server)
+    assert {t.name for t in tools} == TOOLS
+    for tool in tools:
+        assert tool.status == McpToolStatus.ACTIVE
+        assert tool.approved_hash == tool.schema_hash
+        assert tool.risk_override is None
+    read = _tool("read_file")
+    assert read.description == "Read a text file and return its content."
+    assert read.input_schema["properties"]["path"]["type"] == "string"
+    assert read.annotations["readOnlyHint"] is True
+    server.refresh_from_db()
+    assert server.last_harvested_at is not None and server.last_error == ""
+    assert AuditEvent.objects.filter(type="mcp.tool.added").count() == len(TOOLS)
+    assert AuditEvent.objects.get(type="mcp.server.harvested").payload["new"] == len(TOOLS)
+
+    again = mcp.mcp_harvest(server)
+    assert again.counts() == {"new": 0, "changed": 0, "removed": 0, "restored": 0, "unchanged": len(TOOLS)}
+
+
+def test_harvest_over_stdio_records_tools(workspace, stdio_command, tmp_path):
+    server = _stdio(workspace, stdio_command, tmp_path)
+
+    result = mcp.mcp_harvest(server)
+
+    assert sorted(result.new) == sorted(TOOLS)
+    assert set(McpTool.objects.filter(server=server).values_list("name", flat=True)) == TOOLS
+
+
+def test_harvested_tools_are_high_risk_capabilities_in_the_api(workspace, mcp_http, api):
+    mcp.mcp_harvest(_http(workspace, mcp_http))
+
+    response = api.get("/api/v1/capabilities")
+
+    assert response.status_code == 200
+    by_id = {c["id"]: c for c in response.json()["results"] if c["workspace"] == "acme"}
+    assert {f"files.{name}" for name in TOOLS} <= set(by_id)
+    read, write = by_id["files.read_file"], by_id["files.write_note"]
+    assert read["risk"] == write["risk"] == "high"
+    assert read["side_effects"] == ["read"] and read["idempotent"] is True
+    assert write["side_effects"] == ["external_write"] and write["idempotent"] is False
+    assert read["input_schema"]["required"] == ["path"]
+
+
+def test_capability_lookup_is_scoped_to_the_workspace(workspace, other_workspace, mcp_http):
+    mcp.mcp_harvest(_http(workspace, mcp_http))
+
+    capability = registry.get_capability("files.read_file", workspace.id)
+    assert capability is not None and capability.risk == Risk.HIGH
+    assert capability.side_effects == frozenset({SideEffect.READ})
+    assert registry.get_capability("files.read_file", other_workspace.id) is None
+    assert registry.get_capability("files.nope", workspace.id) is None
+    assert registry.get_capability("files", workspace.id) is None
+
+
+def test_the_harvest_task_reconciles_every_enabled_server(workspace, mcp_http):
+    _http(workspace, mcp_http)
+    disabled = _http(workspace, mcp_http, slug="off")
+    mcp.mcp_server_update(server=disabled, enabled=False)
+
+    assert tasks.harvest_mcp_servers() == {"harvested": 1, "failed": 0}
+    assert not McpTool.objects.filter(server=disabled).exists()
+
+
+def test_a_private_mcp_url_needs_the_egress_allowlist(workspace, mcp_http, settings):
+    settings.AUTOPLANE_EGRESS_ALLOWLIST = []
+    workspace.egress_allowlist = []
+    workspace.save(update_fields=["egress_allowlist"])
+    server = _http(workspace, mcp_http)
+
+    with pytest.raises(mcp.McpServiceError) as caught:
+        mcp.mcp_harvest(server)
+
+    assert caught.value.code == ErrorCode.POLICY_VIOLATION
+    server.refresh_from_db()
+    assert "not allowed" in server.last_error
+    assert AuditEvent.objects.filter(type="mcp.server.harvest_failed").exists()
+
+
+# --- calling tools through the engine -----------------------------------------------------
+
+
+def test_read_tool_runs_through_the_engine_over_http(workspace, owner, mcp_http, tmp_path, drive):
+    mcp.mcp_harvest(_http(workspace, mcp_http))
+    document = tmp_path / "doc.txt"
+    document.write_text("hello from the file")
+    automation = _automation(workspace, owner, _call("read", "files.read_file", {"path": str(document)}))
+
+    run = drive(_start(automation, owner).pk)
+
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    step = _step(run, "read")
+    assert step.output["ok"] is True
+    assert step.output["data"] == {"result": "hello from the file"}
+    assert run.output == {"result": "hello from the file"}
+
+
+def test_tools_run_through_the_engine_over_stdio(workspace, owner, stdio_command, tmp_path, drive):
+    mcp.mcp_harvest(_stdio(workspace, stdio_command, tmp_path))
+    document = tmp_path / "doc.txt"
+    document.write_text("stdio content")
+    automation = _automation(
+        workspace, owner,
+        _call("read", "local.read_file", {"path": str(document)}, output_as="doc"),
+        _call("note", "local.write_note", {"text": "{{ doc.result }}"}),
+    )  # fmt: skip
+
+    run = drive(_start(automation, owner).pk)
+
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert _step(run, "read").output["data"] == {"result": "stdio content"}
+    assert run.output == {"written": True, "count": 1}
+    assert (tmp_path / "stdio-notes.txt").read_text() == "stdio content\n"
+
+
+def test_args_are_validated_against_the_tool_schema_before_calling(workspace, owner, mcp_http):
+    mcp.mcp_harvest(_http(workspace, mcp_http))
+
+    with pytest.raises(engine.DefinitionInvalid) as caught:
+        _automation(workspace, owner, _call("read", "files.read_file", {"path": 42}))
+    assert caught.value.errors[0]["path"] == "/plan/0/config/args/path"
+
+
+def test_a_changed_tool_is_disabled_audited_and_not_callable(workspace, owner, mcp_http, tmp_path, drive):
+    server = _http(workspace, mcp_http)
+    mcp.mcp_harvest(server)
+    document = tmp_path / "doc.txt"
+    document.write_text("content")
+    automation = _automation(workspace, owner, _call("read", "files.read_file", {"path": str(document)}))
+
+    mcp_http.restart(variant="changed")
+    result = mcp.mcp_harvest(server)
+
+    assert result.changed == ["read_file"]
+    tool = _tool("read_file")
+    assert tool.status == McpToolStatus.DISABLED
+    assert tool.changed_since_approval
+    assert "id_rsa" in tool.description
+    event = AuditEvent.objects.get(type="mcp.tool.changed")
+    assert event.outcome == "failure"
+    assert event.payload["previous_description"] == "Read a text file and return its content."
+    assert registry.get_capability("files.read_file", workspace.id) is None
+    assert "files.read_file" not in {c.id for c in registry.list_capabilities(workspace.id)}
+
+    run = drive(_start(automation, owner).pk)
+    assert run.status == RunStatus.FAILED
+    assert _step(run, "read").error_code == ErrorCode.CAPABILITY_NOT_FOUND
+
+    mcp.mcp_tool_approve(tool=tool, user=owner)  # an admin reviewed the new description
+    run = drive(_start(automation, owner).pk)
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert AuditEvent.objects.filter(type="mcp.tool.approved").count() == 1
+
+
+def test_a_tool_changed_since_the_last_harvest_is_refused_at_call_time(workspace, owner, mcp_http, tmp_path, drive):
+    mcp.mcp_harvest(_http(workspace, mcp_http))
+    document = tmp_path / "doc.txt"
+    document.write_text("content")
+    automation = _automation(workspace, owner, _call("read", "files.read_file", {"path": str(document)}))
+
+    mcp_http.restart(variant="changed")  # no harvest in between
+    run = drive(_start(automation, owner).pk)
+
+    assert run.status == RunStatus.FAILED
+    step = _step(run, "read")
+    assert step.error_code == ErrorCode.CAPABILITY_NOT_FOUND
+    assert "re-approve" in step.error_message
+    assert _tool("read_file").status == McpToolStatus.DISABLED
+    assert AuditEvent.objects.filter(type="mcp.tool.changed", trace_id=run.trace_id).exists()
+
+
+def test_a_tool_no_longer_offered_is_marked_removed_not_deleted(workspace, owner, mcp_http):
+    server = _http(workspace, mcp_http)
+    mcp.mcp_harvest(server)
+
+    mcp_http.restart(variant="fewer")
+    result = mcp.mcp_harvest(server)
+
+    assert sorted(result.removed) == ["slow_note", "write_note"]
+    assert _tool("write_note").status == McpToolStatus.REMOVED
+    assert registry.get_capability("files.write_note", workspace.id) is None
+    assert AuditEvent.objects.filter(type="mcp.tool.removed").count() == 2
+    with pytest.raises(mcp.McpServiceError):
+        mcp.mcp_tool_approve(tool=_tool("write_note"), user=owner)
+
+    mcp_http.restart()
+    assert sorted(mcp.mcp_harvest(server).restored) == ["slow_note", "write_note"]
+    assert _tool("write_note").status == McpToolStatus.ACTIVE
+
+
+def test_server_down_is_temporarily_unavailable_and_retried(workspace, owner, mcp_http, tmp_path, drive):
+    mcp.mcp_harvest(_http(workspace, mcp_http))
+    automation = _automation(workspace, owner, _call("note", "files.write_note", {"text": "x"}),
+                             max_retries=2, retry_backoff="none")  # fmt: skip
+    mcp_http.stop()
+
+    run = drive(_start(automation, owner).pk)
+
+    assert run.status == RunStatus.FAILED
+    step = _step(run, "note")
+    assert step.error_code == ErrorCode.TEMPORARILY_UNAVAILABLE
+    assert step.attempt == 3  # the first try and max_retries=2 retries
+    assert step.output["error"]["retryable"] is True
+    assert "could not reach the MCP server files" in step.error_message
+    assert AuditEvent.objects.filter(trace_id=run.trace_id, type="step.retrying").count() == 2
+    assert AuditEvent.objects.filter(trace_id=run.trace_id, type="mcp.call.failed").count() == 3
+    assert mcp_http.notes_written() == []
+
+
+def test_a_write_that_times_out_after_it_was_sent_is_outcome_unknown(workspace, owner, mcp_http, drive):
+    mcp.mcp_harvest(_http(workspace, mcp_http))
+    step = _call("note", "files.slow_note", {"text": "late", "seconds": 3}, timeout_seconds=1, max_retries=3)
+    automation = _automation(workspace, owner, step)
+
+    run = drive(_start(automation, owner).pk)
+
+    assert run.status == RunStatus.FAILED
+    step_run = _step(run, "note")
+    assert step_run.error_code == ErrorCode.OUTCOME_UNKNOWN
+    assert step_run.attempt == 1  # never retried: it may have happened
+    assert step_run.output["error"]["retryable"] is False
+
+
+def test_a_tool_error_is_reported_safely(workspace, owner, mcp_http, drive):
+    mcp.mcp_harvest(_http(workspace, mcp_http))
+    automation = _automation(workspace, owner, _call("boom", "files.fail", {"reason": "disk full"}))
+
+    run = drive(_start(automation, owner).pk)
+
+    assert run.status == RunStatus.FAILED
+    step = _step(run, "boom")
+    assert step.error_code == ErrorCode.INVALID_ARGUMENT
+    assert step.error_message == "the MCP tool files.fail reported an error"
+    assert "/srv/secret/path" not in json.dumps(step.output)
+    assert "/srv/secret/path" not in json.dumps(run.error)
+    event = AuditEvent.objects.get(type="mcp.tool.error", trace_id=run.trace_id)
+    assert "disk full" in event.payload["text"]  # the raw text is kept for operators
+
+
+def test_disabled_server_tools_are_not_found(workspace, owner, mcp_http):
+    server = _http(workspace, mcp_http)
+    mcp.mcp_harvest(server)
+    mcp.mcp_server_update(server=server, enabled=False)
+
+    assert registry.get_capability("files.read_file", workspace.id) is None
+
+
+# --- credentials end to end ------------------------------------------------------------
+
+
+class _Echo(BaseHTTPRequestHandler):
+    """Answers every request with the headers it received (a worst-case API that reflects secrets)."""
+
+    def do_GET(self):
+        body = json.dumps({"headers": dict(self.headers), "note": f"you sent {self.headers.get('Authorization')}"})
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("X-Echo-Auth", self.headers.get("Authorization", ""))
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def echo_server() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/echo"
+    server.shutdown()
+    server.server_close()
+
+
+def test_credential_values_echoed_back_are_redacted_everywhere(
+    workspace, owner, mcp_http, stdio_command, tmp_path, echo_server, drive
+):
+    credential = credentials.credential_create(workspace=workspace, name="mcp-token", kind="bearer",
+                                               secret={"token": SECRET}, user=owner)  # fmt: skip
+    mcp.mcp_harvest(_http(workspace, mcp_http, credential=credential))
+    mcp.mcp_harvest(_stdio(workspace, stdio_command, tmp_path, credential=credential,
+                           env={"MCP_TEST_TOKEN": "$credential"}))  # fmt: skip
+    automation = _automation(
+        workspace, owner,
+        _call("over_http", "files.echo_secret", output_as="http_echo"),
+        _call("over_stdio", "local.echo_secret", output_as="stdio_echo"),
+        {"step_id": "api", "action": "http_request", "output_as": "api",
+         "config": {"url": echo_server, "credential": "mcp-token"}},
+        {"step_id": "all", "action": "transform_data",
+         "config": {"output": {"http": "{{ http_echo.authorization }}", "stdio": "{{ stdio_echo.env }}",
+                               "api": "{{ api.body.note }}"}}},
+    )  # fmt: skip
+
+    run = drive(_start(automation, owner).pk)
+
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    # The secret really went out (the servers saw it) and came back redacted.
+    assert _step(run, "over_http").output["data"]["authorization"] == "Bearer [REDACTED]"
+    assert _step(run, "over_stdio").output["data"]["env"] == "[REDACTED]"
+    assert _step(run, "api").output["data"]["body"]["headers"]["Authorization"] == "Bearer [REDACTED]"
+    assert run.output == {"http": "Bearer [REDACTED]", "stdio": "[REDACTED]", "api": "you sent Bearer [REDACTED]"}
+    stored = json.dumps([list(row) for row in StepRun.objects.filter(run=run).values_list(
+        "output", "rendered_config", "error_message")])  # fmt: skip
+    assert SECRET not in stored
+    assert SECRET not in json.dumps(Run.objects.filter(pk=run.pk).values("output", "error", "context").get())
+    assert SECRET not in _audit_dump()
+    assert AuditEvent.objects.filter(trace_id=run.trace_id).count() > 5
+
+
+def test_a_workspace_cannot_use_another_workspaces_credential(workspace, other_workspace, owner, outsider,
+                                                              mcp_http, drive):  # fmt: skip
+    credential = credentials.credential_create(workspace=workspace, name="mcp-token", kind="bearer",
+                                               secret={"token": SECRET})  # fmt: skip
+    with pytest.raises(mcp.McpServiceError):
+        _http(other_workspace, mcp_http, credential=credential)
+
+    mcp.mcp_harvest(_http(other_workspace, mcp_http))
+    step = {"step_id": "api", "action": "http_request",
+            "config": {"url": mcp_http.url, "credential": "{{ 'mcp-token' }}"}}  # fmt: skip
+    automation = _automation(other_workspace, outsider, step)
+    run = drive(_start(automation, outsider).pk)
+
+    assert run.status == RunStatus.FAILED
+    assert _step(run, "api").error_code == ErrorCode.INVALID_ARGUMENT
+    assert "no credential named 'mcp-token'" in _step(run, "api").error_message
+
+
+def test_stdio_credentials_must_be_passed_through_declared_env(workspace, stdio_command, tmp_path):
+    credential = credentials.credential_create(workspace=workspace, name="tok", kind="bearer",
+                                               secret={"token": SECRET})  # fmt: skip
+    with pytest.raises(mcp.McpServiceError, match=r"\$credential"):
+        _stdio(workspace, stdio_command, tmp_path, credential=credential)
+    with pytest.raises(mcp.McpServiceError, match="no credential"):
+        _stdio(workspace, stdio_command, tmp_path, env={"MCP_TEST_TOKEN": "$credential"})
+
+
+# --- the approval gate -------------------------------------------------------------------
+
+
+def test_write_tool_is_gated_then_approved_and_runs_exactly_once(workspace, owner, mcp_http, drive):
+    mcp.mcp_harvest(_http(workspace, mcp_http))
+    automation = _automation(workspace, owner, _call("note", "files.write_note", {"text": "approved write"}),
+                             autonomy="A3")  # fmt: skip
+
+    run = drive(_start(automation, owner).pk)
+
+    assert run.status == RunStatus.AWAITING_APPROVAL
+    assert mcp_http.notes_written() == []  # nothing ran before the approval
+    approval = Approval.objects.get(run_id=run.pk)
+    assert approval.risk == "high"
+    approval_decide(approval_id=approval.pk, user=owner, decision="approve")
+    engine.run_resume(run_id=str(run.pk))
+    run = drive(run.pk)
+
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert run.output == {"written": True, "count": 1}
+    engine.run_resume(run_id=str(run.pk))  # a duplicate resume message changes nothing
+    executor.execute_run(str(run.pk))
+    assert mcp_http.notes_written() == ["approved write"]
+
+
+def test_a_risk_override_changes_the_gate(workspace, owner, mcp_http, drive):
+    mcp.mcp_harvest(_http(workspace, mcp_http))
+    mcp.mcp_tool_set_risk(tool=_tool("write_note"), risk="low", user=owner)
+    automation = _automation(workspace, owner, _call("note", "files.write_note", {"text": "trusted"}),
+                             autonomy="A3")  # fmt: skip
+
+    run = drive(_start(automation, owner).pk)
+
+    assert run.status == RunStatus.SUCCEEDED, run.error
+    assert mcp_http.notes_written() == ["trusted"]
+    assert AuditEvent.objects.get(type="mcp.tool.risk_set").payload["risk_override"] == "low"
+
+
+# --- API -------------------------------------------------------------------------------
+
+
+def test_api_register_harvest_list_approve_and_set_risk(api, workspace, mcp_http):
+    created = api.post("/api/v1/mcp-servers", {"slug": "files", "url": mcp_http.url}, format="json")
+    assert created.status_code == 201, created.content
+    server_id = created.json()["id"]
+
+    harvested = api.post(f"/api/v1/mcp-servers/{server_id}/harvest")
+    assert harvested.status_code == 200
+    assert harvested.json()["new"] == len(TOOLS)
+
+    tools = api.get(f"/api/v1/mcp-servers/{server_id}/tools").json()
+    assert tools["count"] == len(TOOLS)
+    read = next(t for t in tools["results"] if t["name"] == "read_file")
+    assert read["capability_id"] == "files.read_file"
+    assert read["risk"] == "high" and read["status"] == "active"
+
+    patched = api.patch(f"/api/v1/mcp-tools/{read['id']}", {"risk_override": "low"}, format="json")
+    assert patched.status_code == 200
+    assert patched.json()["risk"] == "low"
+    assert registry.get_capability("files.read_file", workspace.id).risk == Risk.LOW
+
+    mcp_http.restart(variant="changed")
+    assert api.post(f"/api/v1/mcp-servers/{server_id}/harvest").json()["changed"] == 1
+    assert api.get(f"/api/v1/mcp-tools/{read['id']}").json()["status"] == "disabled"
+    approved = api.post(f"/api/v1/mcp-tools/{read['id']}/approve")
+    assert approved.status_code == 200
+    assert approved.json()["status"] == "active"
+    assert approved.json()["changed_since_approval"] is False
+
+
+def test_api_harvest_failure_is_a_clean_error(api, workspace, mcp_http):
+    server = _http(workspace, mcp_http)
+    mcp_http.stop()
+
+    response = api.post(f"/api/v1/mcp-servers/{server.pk}/harvest")
+
+    assert response.status_code == 502
+    assert response.json() == {"error": {"code": "TEMPORARILY_UNAVAILABLE",
+                                         "message": "could not reach the MCP server files"}}  # fmt: skip
+
+
+def test_api_roles_and_workspace_isolation(workspace, owner, viewer, outsider, mcp_http, client_for):
+    server = _http(workspace, mcp_http)
+    mcp.mcp_harvest(server)
+    tool = _tool("read_file")
+
+    as_viewer = client_for(viewer)
+    assert as_viewer.get("/api/v1/mcp-servers").json()["count"] == 1
+    assert as_viewer.post(f"/api/v1/mcp-servers/{server.pk}/harvest").status_code == 403
+    assert as_viewer.post(f"/api/v1/mcp-tools/{tool.pk}/approve").status_code == 403
+    assert as_viewer.post("/api/v1/mcp-servers", {"slug": "x", "url": mcp_http.url, "workspace": "acme"},
+                          format="json").status_code == 403  # fmt: skip
+
+    as_outsider = client_for(outsider)
+    assert as_outsider.get("/api/v1/mcp-servers").json()["count"] == 0
+    assert as_outsider.post(f"/api/v1/mcp-servers/{server.pk}/harvest").status_code == 404
+    assert as_outsider.get(f"/api/v1/mcp-servers/{server.pk}/tools").status_code == 404
+    assert as_outsider.patch(f"/api/v1/mcp-tools/{tool.pk}", {"risk_override": "low"},
+                             format="json").status_code == 404  # fmt: skip
+    assert _tool("read_file").risk_override is None
+
+
+def test_api_stdio_servers_need_a_superuser(api, workspace, owner, stdio_command):
+    body = {"slug": "local", "transport": "stdio", "command": stdio_command}
+    refused = api.post("/api/v1/mcp-servers", body, format="json")
+    assert refused.status_code == 403
+    assert not McpServer.objects.exists()
+
+    owner.is_superuser = True
+    owner.save(update_fields=["is_superuser"])
+    assert api.post("/api/v1/mcp-servers", body, format="json").status_code == 201
+
+
+def test_api_rejects_invalid_servers(api, workspace):
+    for body, path in [
+        ({"slug": "Bad.Slug", "url": "http://127.0.0.1/mcp"}, "/slug"),
+        ({"slug": "core", "url": "http://127.0.0.1/mcp"}, "/slug"),
+        ({"slug": "files", "url": "ftp://example.com"}, "/url"),
+        ({"slug": "files", "url": "http://127.0.0.1/mcp", "credential": "missing"}, "/credential"),
+    ]:
+        response = api.post("/api/v1/mcp-servers", body, format="json")
+        assert response.status_code == 400, body
+        assert response.json()["errors"][0]["path"] == path

@@ -1,0 +1,182 @@
+"""Suite-wide fixtures: real Celery workers on the test database and broker.
+
+Two lanes, chosen by the environment (see README): with no ``DATABASE_URL``
+the suite runs on SQLite (``var/test/``) and the SQLAlchemy broker; with
+``DATABASE_URL`` / ``CELERY_BROKER_URL`` on PostgreSQL and Redis.
+
+Worker-backed tests:
+
+    def test_something(celery_workers):              # the shared worker, all four queues
+        ...
+    def test_crash(worker_factory):                   # workers of your own, stopped after the test
+        worker = worker_factory(queues=["automations_fast"], concurrency=1)
+        worker.kill_pool_children()
+
+Both imply ``transactional_db``: a worker is another process and only sees
+committed rows.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+from django.conf import settings
+
+from config.celery import QUEUES
+
+from . import live
+
+logger = logging.getLogger(__name__)
+
+
+# --- SQLite flush vs the append-only audit table ------------------------------------
+# Transactional tests end with a flush, which on SQLite is "DELETE FROM <table>"
+# for every table; the audit ledger's append-only triggers (audit migration 0002)
+# abort any DELETE on audit_auditevent, so the flush fails. Drop the triggers for
+# the flush, inside its transaction, and put them back right after. (PostgreSQL
+# flushes with TRUNCATE, which row triggers do not see, so it needs nothing.)
+def _patch_sqlite_flush() -> None:
+    from django.db.backends.sqlite3.operations import DatabaseOperations
+
+    if getattr(DatabaseOperations.sql_flush, "keeps_audit_guard", False):
+        return
+    guard = importlib.import_module("audit.migrations.0002_append_only_guard")
+    original = DatabaseOperations.sql_flush
+
+    def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
+        statements = original(self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
+        if not statements or "audit_auditevent" not in tables:
+            return statements
+        return [*guard.SQLITE_REMOVE, *statements, *guard.SQLITE_INSTALL]
+
+    sql_flush.keeps_audit_guard = True
+    DatabaseOperations.sql_flush = sql_flush
+
+
+_patch_sqlite_flush()
+
+
+# --- a clean broker per session -------------------------------------------------------
+def _clean_broker() -> None:
+    broker = settings.CELERY_BROKER_URL
+    if broker.startswith("sqla+sqlite:") or settings.CELERY_RESULT_BACKEND.startswith("db+sqlite:"):
+        for url in (broker, settings.CELERY_RESULT_BACKEND):
+            if "sqlite:///" in url:
+                path = Path(url.split("sqlite:///", 1)[1])
+                for leftover in (path, Path(f"{path}-wal"), Path(f"{path}-shm"), Path(f"{path}-journal")):
+                    leftover.unlink(missing_ok=True)
+    if broker.startswith(("redis://", "rediss://")):
+        db = int((urlparse(broker).path or "/0").lstrip("/") or 0)
+        if db == 0:
+            # Never wipe what is most likely somebody's real broker.
+            logger.warning("not flushing Redis db 0 before the tests; use a dedicated db (the CI uses 15)")
+            return
+        import redis
+
+        redis.Redis.from_url(broker).flushdb()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fresh_broker():
+    _clean_broker()
+    yield
+
+
+def pytest_sessionfinish(session, exitstatus):
+    live.kill_leftovers()
+
+
+# --- workers ------------------------------------------------------------------------
+class WorkerPool:
+    """The session's shared worker plus any extra ones; everything is stopped at session end."""
+
+    def __init__(self, blocker):
+        self._blocker = blocker
+        self.main: live.WorkerProcess | None = None
+        self.extra: list[live.WorkerProcess] = []
+
+    def ensure_main(self) -> live.WorkerProcess:
+        """The shared worker: all four queues, prefork, concurrency 2 (started once, restarted if it died)."""
+        if self.main is None or not self.main.alive():
+            if self.main is not None:
+                self.main.kill_all()
+            with self._blocker.unblock():
+                self.main = live.WorkerProcess(QUEUES, concurrency=2, name="session-worker").start()
+        return self.main
+
+    def stop_main(self) -> None:
+        if self.main is not None:
+            self.main.stop()
+            self.main = None
+
+    def start(self, queues=QUEUES, *, concurrency: int = 1, pool: str = "prefork", name: str | None = None,
+              **kwargs) -> live.WorkerProcess:  # fmt: skip
+        """Another worker beside the shared one, kept until the session ends (or until ``.stop()``)."""
+        with self._blocker.unblock():
+            worker = live.WorkerProcess(queues, concurrency=concurrency, pool=pool, name=name, **kwargs).start()
+        self.extra.append(worker)
+        return worker
+
+    def stop_all(self) -> None:
+        for worker in [*self.extra, self.main]:
+            if worker is not None:
+                worker.stop()
+        self.extra.clear()
+        self.main = None
+
+
+@pytest.fixture(scope="session")
+def celery_session_pool(django_db_setup, django_db_blocker):
+    """Session-wide owner of the worker processes; use ``celery_workers`` or ``worker_factory`` in tests."""
+    pool = WorkerPool(django_db_blocker)
+    yield pool
+    pool.stop_all()  # before django_db_setup tears the test database down
+
+
+@pytest.fixture
+def celery_workers(transactional_db, celery_session_pool) -> WorkerPool:
+    """The shared worker is running: every queue is consumed. ``.main`` is its WorkerProcess."""
+    celery_session_pool.ensure_main()
+    return celery_session_pool
+
+
+@pytest.fixture
+def worker_factory(request, transactional_db, celery_session_pool):
+    """``worker_factory(queues=[...], concurrency=1, pool="prefork", name=None) -> WorkerProcess``.
+
+    Workers started here are stopped when the test ends. Unless the test also
+    uses ``celery_workers``, the shared worker is stopped first, so these are
+    the only consumers (which worker runs a task is then up to the test).
+    """
+    if "celery_workers" not in request.fixturenames:
+        celery_session_pool.stop_main()
+    started: list[live.WorkerProcess] = []
+
+    def start(queues=QUEUES, *, concurrency: int = 1, pool: str = "prefork", name: str | None = None,
+              **kwargs) -> live.WorkerProcess:  # fmt: skip
+        worker = live.WorkerProcess(queues, concurrency=concurrency, pool=pool, name=name, **kwargs)
+        started.append(worker)
+        return worker.start()
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+@pytest.fixture
+def beat_process(transactional_db):
+    """``beat_process(max_interval=1.0) -> BeatProcess``: a running celery beat, stopped after the test."""
+    started: list[live.BeatProcess] = []
+
+    def start(**kwargs) -> live.BeatProcess:
+        beat = live.BeatProcess(**kwargs)
+        started.append(beat)
+        return beat.start()
+
+    yield start
+    for beat in started:
+        beat.stop()

@@ -1,0 +1,329 @@
+"""Real Celery processes for tests: workers and beat on the test database and broker.
+
+Tests that use them must see committed data, so they run with
+``transactional_db`` (the fixtures in ``tests/conftest.py`` take care of that).
+Every process runs in its own process group, logs to ``<data dir>/logs/``, and
+carries ``AUTOPLANE_TEST_SESSION`` in its environment so that whatever a test
+leaves behind is found and killed at the end of the session.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import quote
+
+from django.conf import settings
+from django.db import connection
+
+from config.celery import QUEUES
+
+REPO = Path(__file__).resolve().parent.parent
+SESSION_MARKER = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+MARKER_VAR = "AUTOPLANE_TEST_SESSION"
+START_TIMEOUT = 60.0
+
+
+def database_url() -> str:
+    """The URL of the database this test process is using right now (the test database)."""
+    params = connection.settings_dict
+    if connection.vendor == "sqlite":
+        name = str(params["NAME"])
+        if name == ":memory:" or name.startswith("file:"):
+            raise RuntimeError("live worker tests need an on-disk SQLite test database")
+        return f"sqlite:///{Path(name).resolve()}"
+    user = quote(params.get("USER") or "", safe="")
+    password = quote(params.get("PASSWORD") or "", safe="")
+    auth = f"{user}:{password}@" if password else (f"{user}@" if user else "")
+    host = params.get("HOST") or "localhost"
+    port = f":{params['PORT']}" if params.get("PORT") else ""
+    return f"postgres://{auth}{host}{port}/{params['NAME']}"
+
+
+def live_worker_env(**overrides: str) -> dict[str, str]:
+    """The environment a child process needs to use the same database and broker as this test process.
+
+    Settings changed in-process (``override_settings``, ``settings`` fixture)
+    do not reach the child; pass environment variables in ``overrides`` instead.
+    """
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="tests.settings",
+        DATABASE_URL=database_url(),
+        CELERY_BROKER_URL=settings.CELERY_BROKER_URL,
+        CELERY_RESULT_BACKEND=settings.CELERY_RESULT_BACKEND,
+        AUTOPLANE_DATA_DIR=str(settings.DATA_DIR),
+        PYTHONUNBUFFERED="1",
+        **{MARKER_VAR: SESSION_MARKER},
+    )
+    env.update(overrides)
+    return env
+
+
+# --- /proc helpers (Linux) ---------------------------------------------------------
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])  # the command may contain spaces and parentheses
+
+
+def _all_pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def children_of(pid: int) -> list[int]:
+    return [p for p in _all_pids() if _ppid(p) == pid]
+
+
+def descendants_of(pid: int) -> list[int]:
+    found, frontier = [], [pid]
+    while frontier:
+        kids = children_of(frontier.pop())
+        found += kids
+        frontier += kids
+    return found
+
+
+def pids_with_env(name: str, value: str) -> list[int]:
+    """Processes whose environment has ``name=value`` (finds strays whatever their parent)."""
+    needle = f"{name}={value}".encode()
+    found = []
+    for pid in _all_pids():
+        if pid == os.getpid():
+            continue
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            found.append(pid)
+    return found
+
+
+def is_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+# --- processes ----------------------------------------------------------------------
+
+_started: list[LiveProcess] = []
+
+
+class LiveProcess:
+    """A child process in its own process group, with its output in a log file."""
+
+    kind = "process"
+
+    def __init__(self, argv: Sequence[str], *, name: str, env: dict[str, str] | None = None):
+        self.name = name
+        self.argv = list(argv)
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self.log_path = Path(settings.DATA_DIR) / "logs" / f"{name}.log"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, f"{self.name} was never started"
+        return self.proc.pid
+
+    def start(self, timeout: float = START_TIMEOUT):
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.argv, cwd=REPO, env=self.env or live_worker_env(), stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        _started.append(self)
+        self.wait_ready(timeout)
+        return self
+
+    def wait_ready(self, timeout: float) -> None:
+        """Subclasses wait until the process does its job."""
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def pids(self) -> list[int]:
+        """The main process and everything it forked that is still running."""
+        if not self.alive():
+            return []
+        return [self.pid, *[p for p in descendants_of(self.pid) if is_alive(p)]]
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM (warm shutdown), then SIGKILL to the whole group after ``timeout`` seconds."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        return self.kill_all()
+
+    def kill_all(self) -> int | None:
+        """SIGKILL the main process and everything in its group, at once (a machine dying)."""
+        if self.proc is None:
+            return None
+        self._signal_group(signal.SIGKILL)
+        return self.proc.wait(10)
+
+    def wait_exit(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name} pid={self.proc.pid if self.proc else None}>"
+
+
+def _heartbeat_pid(name: str) -> int | None:
+    from ops.models import Heartbeat
+
+    return Heartbeat.objects.filter(name=name).values_list("pid", flat=True).first()
+
+
+class WorkerProcess(LiveProcess):
+    """``celery -A config worker`` consuming ``queues`` on the test database and broker."""
+
+    kind = "worker"
+
+    def __init__(
+        self, queues: Sequence[str] = QUEUES, *, concurrency: int = 1, pool: str = "prefork",
+        name: str | None = None, env: dict[str, str] | None = None, extra_args: Sequence[str] = (),
+        include: Sequence[str] = ("tests.tasks",),
+    ):  # fmt: skip
+        name = name or f"worker-{uuid.uuid4().hex[:6]}"
+        self.queues = list(queues)
+        self.concurrency = concurrency
+        self.pool = pool
+        argv = [
+            sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", ",".join(self.queues),
+            "-n", f"{name}@%h", "-c", str(concurrency), "-P", pool, "-l", "INFO",
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            *(["-I", ",".join(include)] if include else []), *extra_args,
+        ]  # fmt: skip
+        super().__init__(argv, name=name, env=env)
+
+    @property
+    def nodename(self) -> str:
+        import socket
+
+        return f"{self.name}@{socket.gethostname()}"
+
+    def wait_ready(self, timeout: float) -> None:
+        """Until the worker's heartbeat row (written on worker_ready, when it consumes) shows its pid."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if _heartbeat_pid(self.nodename) == self.pid:
+                return
+            time.sleep(0.05)
+        self.kill_all()
+        raise RuntimeError(f"{self.name} not ready after {timeout:.0f} s:\n{self.log_tail()}")
+
+    def pool_pids(self) -> list[int]:
+        """The pool processes that execute tasks (prefork); empty for the solo pool."""
+        if not self.alive():
+            return []
+        return [p for p in children_of(self.pid) if is_alive(p)]
+
+    def kill_pool_children(self, sig: int = signal.SIGKILL) -> list[int]:
+        """Kill every pool process (like the OOM killer would); the main process replaces them.
+
+        On the embedded (SQLAlchemy) broker the worker runs its pool without
+        Celery's async hub, and an *idle* prefork child waits for work holding
+        the pool's shared inqueue lock: SIGKILL it and the pool deadlocks (a
+        billiard limitation; Redis workers give each child its own pipe). There,
+        kill only a child that is executing a task: concurrency=1 while a task
+        runs, or the pid the task reported (``kill_pid``).
+        """
+        victims = self.pool_pids()
+        for pid in victims:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        return victims
+
+
+    def kill_pid(self, pid: int, sig: int = signal.SIGKILL) -> None:
+        """Kill one pool process, e.g. the one a task reported executing it."""
+        if pid not in self.pool_pids():
+            raise ValueError(f"{pid} is not a pool process of {self.name}")
+        os.kill(pid, sig)
+
+
+class BeatProcess(LiveProcess):
+    """``celery -A config beat`` with the database scheduler, on the test database and broker."""
+
+    kind = "beat"
+
+    def __init__(self, *, name: str | None = None, max_interval: float = 1.0, env: dict[str, str] | None = None):
+        name = name or f"beat-{uuid.uuid4().hex[:6]}"
+        argv = [
+            sys.executable, "-m", "celery", "-A", "config", "beat", "-l", "INFO",
+            "-S", "django_celery_beat.schedulers:DatabaseScheduler", "--max-interval", str(max_interval),
+        ]  # fmt: skip
+        super().__init__(argv, name=name, env=env)
+
+    def wait_ready(self, timeout: float) -> None:
+        import socket
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if _heartbeat_pid(f"beat@{socket.gethostname()}") == self.pid:
+                return
+            time.sleep(0.05)
+        self.kill_all()
+        raise RuntimeError(f"{self.name} not ready after {timeout:.0f} s:\n{self.log_tail()}")
+
+
+def kill_leftovers() -> list[int]:
+    """SIGKILL every process this session started that is still around (groups first, then strays)."""
+    for process in _started:
+        if process.proc is not None:
+            process._signal_group(signal.SIGKILL)
+            try:
+                process.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+    strays = pids_with_env(MARKER_VAR, SESSION_MARKER)
+    for pid in strays:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return strays
+
+
+atexit.register(kill_leftovers)

@@ -1,0 +1,167 @@
+from __future__ import annotations
+
+import os
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from config.celery import QUEUES, ping
+from config.celery import app as celery_app
+from ops.metrics import _histogram
+from ops.models import Heartbeat, HeartbeatKind
+from ops.selectors import workers_by_queue
+from ops.tasks import TICK_NAME, beat_heartbeat
+
+
+def _beat(name: str, kind: str, *, queues=(), age: float = 0.0) -> Heartbeat:
+    seen = timezone.now() - timedelta(seconds=age)
+    return Heartbeat.objects.create(name=name, kind=kind, queues=list(queues), pid=1, started_at=seen, seen_at=seen)
+
+
+@pytest.fixture
+def no_heartbeats(db):
+    # Inside the test's transaction, so a shared worker's row is back afterwards.
+    Heartbeat.objects.all().delete()
+
+
+def test_healthz_without_workers_or_beat_is_503_naming_them(client, no_heartbeats):
+    response = client.get("/healthz")
+
+    assert response.status_code == 503
+    assert response["Content-Type"] == "application/json"
+    body = response.json()
+    assert body["status"] == "degraded"
+    assert set(body["failing"]) == {"beat", *(f"queues.{q}" for q in QUEUES)}
+    assert body["checks"]["database"]["ok"] is True
+    assert body["checks"]["broker"]["ok"] is True
+    assert body["checks"]["queues"]["automations_fast"] == {"ok": False, "workers": 0}
+
+
+def test_healthz_with_fresh_heartbeats_is_200(client, no_heartbeats):
+    _beat("w1@host", HeartbeatKind.WORKER, queues=QUEUES)
+    _beat("w2@host", HeartbeatKind.WORKER, queues=["automations_fast"])
+    _beat("beat@host", HeartbeatKind.BEAT)
+
+    response = client.get("/healthz")
+
+    assert response.status_code == 200, response.json()
+    body = response.json()
+    assert body == {**body, "status": "ok", "failing": []}
+    assert body["checks"]["queues"]["automations_fast"] == {"ok": True, "workers": 2}
+    assert body["checks"]["beat"]["instances"] == 1
+
+
+def test_stale_heartbeats_count_as_absent(client, no_heartbeats):
+    _beat("w1@host", HeartbeatKind.WORKER, queues=QUEUES, age=60)
+    _beat("w2@host", HeartbeatKind.WORKER, queues=["default"], age=1)
+    _beat("beat@host", HeartbeatKind.BEAT, age=60)
+
+    body = client.get("/healthz").json()
+
+    assert set(body["failing"]) == {"beat", "queues.automations_fast", "queues.automations_medium",
+                                    "queues.automations_long"}  # fmt: skip
+    assert body["checks"]["beat"]["heartbeat_age_seconds"] >= 59
+
+
+def test_two_beats_are_degraded(client, no_heartbeats):
+    _beat("w1@host", HeartbeatKind.WORKER, queues=QUEUES)
+    _beat("beat@host-a", HeartbeatKind.BEAT)
+    _beat("beat@host-b", HeartbeatKind.BEAT)
+
+    response = client.get("/healthz")
+
+    assert response.status_code == 503
+    assert response.json()["failing"] == ["beat"]
+    assert "exactly one" in response.json()["checks"]["beat"]["error"]
+
+
+def test_healthz_and_unknown_api_paths_answer_json_never_html(client, no_heartbeats):
+    for method, path, status in [("get", "/healthz", 503), ("post", "/healthz", 405), ("get", "/api/v1/unknown", 404),
+                                 ("get", "/healthz/nope", 404)]:  # fmt: skip
+        response = getattr(client, method)(path)
+
+        assert response.status_code == status, path
+        assert response["Content-Type"].startswith("application/json"), path
+        assert "<html" not in response.content.decode().lower()
+
+
+def test_beat_heartbeat_task_records_the_tick(client, no_heartbeats):
+    beat_heartbeat()
+
+    tick = Heartbeat.objects.get(name=TICK_NAME)
+    assert tick.kind == HeartbeatKind.TICK
+    assert client.get("/healthz").json()["checks"]["beat"]["last_tick_age_seconds"] < 5
+
+
+def test_metrics_speak_prometheus_text(client, no_heartbeats):
+    _beat("w1@host", HeartbeatKind.WORKER, queues=["automations_fast"])
+
+    response = client.get("/metrics")
+
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    text = response.content.decode()
+    assert 'autoplane_workers{queue="automations_fast"} 1.0' in text
+    assert 'autoplane_workers{queue="automations_long"} 0.0' in text
+    assert "autoplane_beat_instances 0.0" in text
+    assert "autoplane_audit_chain_length" in text
+    assert 'autoplane_queue_backlog{queue="default"}' in text
+    for section in ("processes", "broker", "audit"):
+        assert f'autoplane_scrape_errors{{section="{section}"}} 0.0' in text
+
+
+def test_duration_histograms_are_computed_by_the_database(no_heartbeats):
+    # The Heartbeat table stands in for runs/steps: started_at -> seen_at is the duration.
+    now = timezone.now()
+    for name, seconds in [("a", 0.004), ("b", 0.3), ("c", 7.0)]:
+        Heartbeat.objects.create(name=name, kind="worker", started_at=now - timedelta(seconds=seconds), seen_at=now)
+
+    family = _histogram("h", "doc", "kind", Heartbeat.objects.all(), group_by="kind", start="started_at",
+                        end="seen_at")  # fmt: skip
+
+    samples = {(s.name, s.labels.get("le")): s.value for s in family.samples}
+    assert samples[("h_bucket", "0.005")] == 1
+    assert samples[("h_bucket", "0.5")] == 2
+    assert samples[("h_bucket", "5.0")] == 2
+    assert samples[("h_bucket", "+Inf")] == 3
+    assert samples[("h_count", None)] == 3
+    assert samples[("h_sum", None)] == pytest.approx(7.304, abs=0.01)
+
+
+@pytest.mark.workers
+def test_a_worker_is_counted_for_its_queues_and_gone_when_it_stops(worker_factory):
+    worker = worker_factory(queues=["automations_fast", "automations_medium"])
+
+    assert workers_by_queue(QUEUES) == {"default": 0, "automations_fast": 1, "automations_medium": 1,
+                                        "automations_long": 0}  # fmt: skip
+    worker.stop()
+    assert not Heartbeat.objects.filter(name=worker.nodename).exists()
+
+
+@pytest.mark.workers
+def test_ping_runs_in_a_real_worker_process_on_every_queue(celery_workers):
+    for queue in QUEUES:
+        result = ping.apply_async(args=[queue], queue=queue).get(timeout=30, interval=0.02)
+
+        assert result["value"] == queue
+        assert result["pid"] != os.getpid()
+        assert result["pid"] in celery_workers.main.pids()
+
+
+@pytest.mark.workers
+def test_a_pool_process_killed_mid_task_is_replaced(worker_factory, tmp_path):
+    worker = worker_factory(queues=["automations_fast"], concurrency=1)
+    pid_file = tmp_path / "pid"
+    celery_app.send_task("tests.sleep", args=[30, str(pid_file)], queue="automations_fast")
+    deadline = time.monotonic() + 30
+    while not pid_file.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    victim = int(pid_file.read_text())
+
+    worker.kill_pid(victim)
+    result = ping.apply_async(args=["after"], queue="automations_fast").get(timeout=30, interval=0.02)
+
+    assert result["pid"] != victim
+    assert result["pid"] in worker.pool_pids()

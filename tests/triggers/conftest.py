@@ -1,0 +1,115 @@
+"""Fixtures for trigger tests: a workspace with an owner, an operator, a viewer and an
+outsider, API clients, automations built from small definitions, a driver that runs
+the real executor in-process, and webhook helpers."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+
+from automations import executor, services
+from automations.models import Run, RunStatus
+from triggers.models import Trigger
+from triggers.services import trigger_token_rotate
+from workspaces.models import Role
+from workspaces.services import membership_set_role, workspace_get_or_create
+
+from .factories import client_for, definition, webhook
+
+
+@pytest.fixture
+def workspace(db):
+    return workspace_get_or_create(slug="acme")
+
+
+@pytest.fixture
+def other_workspace(db):
+    return workspace_get_or_create(slug="globex")
+
+
+def _member(username, workspace, role):
+    user = get_user_model().objects.create_user(username=username, password="pw-" + username)
+    if workspace is not None:
+        membership_set_role(workspace=workspace, user=user, role=role)
+    return user
+
+
+@pytest.fixture
+def owner(workspace):
+    return _member("owner", workspace, Role.ADMIN)
+
+
+@pytest.fixture
+def operator(workspace):
+    return _member("operator", workspace, Role.OPERATOR)
+
+
+@pytest.fixture
+def viewer(workspace):
+    return _member("viewer", workspace, Role.VIEWER)
+
+
+@pytest.fixture
+def outsider(other_workspace):
+    return _member("outsider", other_workspace, Role.ADMIN)
+
+
+@pytest.fixture
+def api(owner):
+    return client_for(owner)
+
+
+@pytest.fixture
+def make_automation(workspace, owner):
+    def _make(definition_body: dict, *, status: str | None = None, in_workspace=None):
+        return services.automation_create(
+            workspace=in_workspace or workspace, definition=definition_body, user=owner, status=status
+        )
+
+    return _make
+
+
+@pytest.fixture
+def hook(make_automation, owner):
+    """An automation with one webhook trigger and its token: ``(automation, trigger, token)``."""
+
+    def _hook(**config):
+        automation = make_automation(
+            definition(name=config.pop("name", "hooked"), triggers=[webhook(**config)])
+        )
+        trigger = Trigger.objects.get(automation=automation, key="hook")
+        return automation, trigger, trigger_token_rotate(trigger=trigger, user=owner)
+
+    return _hook
+
+
+@pytest.fixture
+def drive():
+    """Run a run to rest with the real executor (the Celery task is a thin wrapper around this)."""
+
+    def _drive(run_id, max_rounds: int = 50) -> Run:
+        for _ in range(max_rounds):
+            run = Run.objects.get(pk=run_id)
+            if run.status == RunStatus.WAITING:
+                Run.objects.filter(pk=run_id).update(wake_at=timezone.now() - timedelta(seconds=1))
+            elif run.status != RunStatus.QUEUED or run.enqueued_at is None:
+                return run
+            executor.execute_run(str(run_id))
+        raise AssertionError(f"run {run_id} did not come to rest")
+
+    return _drive
+
+
+@pytest.fixture
+def no_enqueue(monkeypatch):
+    """Keep dispatch from sending execute_run messages to the broker (tests drive runs themselves)."""
+    sent = []
+
+    def _record(*args, **kwargs):
+        sent.append((args, kwargs))
+
+    monkeypatch.setattr("automations.tasks.execute_run.apply_async", _record)
+    return sent

@@ -1,0 +1,103 @@
+"""Triggers in the admin: read-only rows (they come from definitions), with token actions.
+
+Every action calls the same service as the API; a new token or signing secret is
+shown once, in the admin message, and never stored in plain text.
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+
+from . import services
+from .models import Trigger, TriggerType, WebhookRateWindow
+from .schedules import next_fire_at
+
+
+@admin.register(Trigger)
+class TriggerAdmin(admin.ModelAdmin):
+    list_display = [
+        "key",
+        "automation",
+        "type",
+        "enabled",
+        "next_fire",
+        "last_fired_at",
+        "token_state",
+        "workspace",
+    ]
+    list_filter = ["type", "enabled", "workspace"]
+    search_fields = ["key", "automation__name", "=id", "event_type"]
+    list_select_related = ["automation", "workspace"]
+    actions = ["rotate_token", "revoke_token", "rotate_signing_secret"]
+    fields = ["id", "automation", "workspace", "key", "type", "config", "enabled", "event_type", "next_fire",
+              "last_fired_at", "last_scheduled_for", "token_state", "token_created_at", "token_revoked_at",
+              "has_signing_secret", "signing_secret_created_at", "periodic_task", "created_at", "updated_at"]  # fmt: skip
+    readonly_fields = fields
+
+    @admin.display(description="next fire")
+    def next_fire(self, obj: Trigger):
+        return next_fire_at(obj) or "-"
+
+    @admin.display(description="token")
+    def token_state(self, obj: Trigger) -> str:
+        if obj.type != TriggerType.WEBHOOK:
+            return "-"
+        if not obj.token_hash:
+            return "none"
+        return "revoked" if obj.token_revoked_at else "active"
+
+    @admin.display(boolean=True, description="signing secret")
+    def has_signing_secret(self, obj: Trigger) -> bool:
+        return obj.has_signing_secret
+
+    def has_add_permission(self, request):
+        return False  # triggers come from the automation's definition
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # remove the trigger from the definition instead
+
+    def _webhooks(self, request, queryset):
+        chosen = list(queryset.filter(type=TriggerType.WEBHOOK))
+        if len(chosen) != queryset.count():
+            self.message_user(request, "Only webhook triggers have tokens; the others were left alone.",
+                              messages.WARNING)  # fmt: skip
+        return chosen
+
+    @admin.action(description="Rotate token (shown once)")
+    def rotate_token(self, request, queryset):
+        for trigger in self._webhooks(request, queryset):
+            token = services.trigger_token_rotate(trigger=trigger, user=request.user)
+            self.message_user(
+                request, f"New token for {trigger.automation} / {trigger.key} (copy it now, it is not shown again): "
+                f"{token}", messages.WARNING,
+            )  # fmt: skip
+
+    @admin.action(description="Revoke token")
+    def revoke_token(self, request, queryset):
+        for trigger in self._webhooks(request, queryset):
+            services.trigger_token_revoke(trigger=trigger, user=request.user)
+            self.message_user(
+                request, f"Token of {trigger.automation} / {trigger.key} revoked.", messages.SUCCESS
+            )
+
+    @admin.action(description="Rotate signing secret (shown once)")
+    def rotate_signing_secret(self, request, queryset):
+        for trigger in self._webhooks(request, queryset):
+            secret = services.trigger_signing_secret_rotate(trigger=trigger, user=request.user)
+            self.message_user(
+                request, f"New signing secret for {trigger.automation} / {trigger.key} (copy it now, it is not "
+                f"shown again): {secret}", messages.WARNING,
+            )  # fmt: skip
+
+
+@admin.register(WebhookRateWindow)
+class WebhookRateWindowAdmin(admin.ModelAdmin):
+    list_display = ["trigger", "window_start", "hits"]
+    list_select_related = ["trigger"]
+    readonly_fields = ["trigger", "window_start", "hits"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

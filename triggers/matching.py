@@ -1,0 +1,156 @@
+"""Matching domain events to event triggers (SPEC §6.3).
+
+:func:`event_matched` is subscribed to the event bus in ``TriggersConfig.ready``;
+it runs inside the ``autoplane.deliver_event`` task, which may deliver an event
+more than once (late acks), so every dispatch is deduplicated on
+``Dedupe(scope="trigger:<id>", key="event:<event id>")``.
+
+An event is tested only against the enabled event triggers of its workspace that
+subscribe to its ``event_type`` (an indexed lookup), so the cost of matching does
+not depend on how many other triggers exist. Compiled filters are cached per
+process under ``(trigger id, config hash)``: an edited filter gets a new entry.
+
+For each subscriber:
+
+- its filter (if any) is evaluated on ``event.document()`` within the grammar's
+  10 ms CPU budget; a filter past the budget is audited
+  (``event.filter_budget_exceeded``) and starts no run;
+- a match is dispatched with ``trigger_type="event"``, the event document as the
+  trigger payload (``event`` in templates), inputs from ``input_mapping`` over the
+  document (none without a mapping), and the event's ``trace_id``,
+  ``parent_run_id`` and ``chain_depth``, so a chain of automations reads as one
+  trace in the audit API;
+- an event whose chain already passed ``MAX_CHAIN_DEPTH`` automations is not
+  dispatched: ``event.chain_depth_exceeded`` is audited instead, so cycles stop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from django.db import transaction
+
+from audit import writer
+from audit.models import Outcome
+from automations.dispatcher import MAX_CHAIN_DEPTH, Dedupe, DispatchError, DispatchRequest, dispatch
+from automations.events import Event
+from automations.expressions.filter_grammar import (
+    CompiledFilter,
+    FilterBudgetExceeded,
+    FilterError,
+    compile_filter,
+)
+from automations.models import AutomationStatus
+
+from .input_mapping import MappingError, map_inputs
+from .models import Trigger, TriggerType
+
+logger = logging.getLogger(__name__)
+
+MAX_CACHED_FILTERS = 4096
+
+_cache: dict[tuple[Any, str], CompiledFilter | None] = {}
+_cache_lock = threading.Lock()
+
+
+def compiled_filter(trigger_id: Any, config_hash: str, spec: Any) -> CompiledFilter | None:
+    """The trigger's compiled filter (None: no filter, every event of the type matches)."""
+    key = (trigger_id, config_hash)
+    try:
+        return _cache[key]
+    except KeyError:
+        pass
+    compiled = compile_filter(spec) if spec is not None else None  # raises FilterError
+    with _cache_lock:
+        if len(_cache) >= MAX_CACHED_FILTERS:
+            _cache.clear()  # edits leave stale entries behind; start over rather than track them
+        _cache[key] = compiled
+    return compiled
+
+
+def subscribers(event: Event) -> list[Trigger]:
+    return list(
+        Trigger.objects.filter(
+            workspace_id=event.workspace_id, event_type=event.event_type, type=TriggerType.EVENT, enabled=True,
+            automation__status=AutomationStatus.ACTIVE,
+        )
+        .only("id", "automation_id", "workspace_id", "key", "config", "config_hash")
+        .order_by("pk")
+    )  # fmt: skip
+
+
+def _audit(event: Event, trigger: Trigger, type: str, summary: str, payload: dict[str, Any],
+           outcome: str = Outcome.FAILURE) -> None:  # fmt: skip
+    with transaction.atomic():
+        writer.append(
+            trace_id=event.trace_id, type=type, summary=f"trigger {trigger.key}: {summary}", outcome=outcome,
+            workspace_id=event.workspace_id, stage="trigger",
+            refs={"event": event.id, "trigger": str(trigger.pk), "automation": str(trigger.automation_id),
+                  "parent_run": event.parent_run_id or ""},
+            actor=f"event:{event.event_type}", payload={"event_type": event.event_type, **payload},
+        )  # fmt: skip
+
+
+def event_matched(event: Event) -> list[str]:
+    """Dispatch every subscribed trigger whose filter passes; returns the ids of their runs."""
+    run_ids = []
+    for trigger in subscribers(event):
+        run_id = _match_one(event, trigger)
+        if run_id is not None:
+            run_ids.append(run_id)
+    return run_ids
+
+
+def _match_one(event: Event, trigger: Trigger) -> str | None:
+    document = event.document()
+    try:
+        compiled = compiled_filter(trigger.pk, trigger.config_hash, trigger.config.get("filter"))
+        if compiled is not None and not compiled.matches(document):
+            return None
+    except FilterBudgetExceeded as exc:
+        _audit(event, trigger, "event.filter_budget_exceeded", f"filter skipped: {exc}", {"budget_ms": 10})
+        return None
+    except FilterError as exc:  # saved before a grammar change made it invalid
+        _audit(
+            event, trigger, "event.filter_invalid", "filter does not compile", {"problems": str(exc)[:1000]}
+        )
+        return None
+    if event.chain_depth >= MAX_CHAIN_DEPTH:
+        _audit(event, trigger, "event.chain_depth_exceeded",
+               f"not dispatched: the event's chain already passed {event.chain_depth} automations "
+               f"(limit {MAX_CHAIN_DEPTH})", {"chain_depth": event.chain_depth, "limit": MAX_CHAIN_DEPTH},
+               Outcome.SUPPRESSED)  # fmt: skip
+        return None
+    try:
+        mapping = trigger.config.get("input_mapping")
+        inputs = map_inputs(mapping, document) if mapping else {}
+        result = dispatch(
+            DispatchRequest(
+                automation_id=trigger.automation_id, inputs=inputs, trigger_type="event", trigger_key=trigger.key,
+                trigger_id=trigger.pk, trigger_payload=document, triggered_by=f"event:{event.event_type}",
+                dedupe=Dedupe(scope=f"trigger:{trigger.pk}", key=f"event:{event.id}"), trace_id=event.trace_id,
+                parent_run_id=event.parent_run_id, chain_depth=event.chain_depth,
+            )
+        )  # fmt: skip
+    except MappingError as exc:
+        _audit(event, trigger, "trigger.dispatch_failed", f"not dispatched: {exc}", {"code": "UNPROCESSABLE"})
+        return None
+    except DispatchError as exc:
+        if exc.code == "CONFLICT":  # the same event is being dispatched by a redelivery right now
+            return None
+        type = "event.chain_depth_exceeded" if exc.code == "POLICY_VIOLATION" else "trigger.dispatch_failed"
+        _audit(
+            event,
+            trigger,
+            type,
+            f"not dispatched: {exc.message}",
+            {"code": exc.code, "errors": exc.errors or []},
+        )
+        return None
+    if result.run is None:
+        return None
+    if result.created:
+        Trigger.objects.filter(pk=trigger.pk).update(last_fired_at=result.run.created_at)
+    return str(result.run.pk)

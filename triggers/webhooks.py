@@ -1,0 +1,417 @@
+"""The webhook fire service (SPEC §6.2): ``POST /api/v1/automations/{id}/fire``.
+
+Checks, in order, each answered with a stable code and audited as
+``webhook.rejected`` (never with the token, which is passed as a secret):
+
+1. ``Authorization: Bearer <token>`` (only that header: never a query parameter,
+   a body field or a cookie). The token is looked up by its sha256 and compared in
+   constant time; it must belong to a webhook trigger of *this* automation that is
+   enabled, not revoked, with the automation active. Every failure is the same 401,
+   byte for byte (``UNAUTHORIZED_BODY`` + ``WWW-Authenticate: Bearer``).
+2. The per-trigger rate limit (``rate_limit_per_minute``, default 600): a fixed
+   one-minute window counted in the database with one atomic upsert, so it holds
+   across gunicorn workers and machines; over it → 429 with ``Retry-After`` (the
+   seconds until the window ends).
+3. ``Content-Type: application/json`` (charset utf-8 if given) → else 415.
+4. Body ≤ 256 KB, by ``Content-Length`` and by what is actually read → else 413.
+5. Standard Webhooks signature when the trigger's ``require_signature`` is true:
+   ``webhook-signature: v1,<base64 HMAC-SHA256(secret, "<id>.<timestamp>.<body>")>``
+   (space-separated list; any match passes), timestamp within 5 minutes → else 401
+   ``INVALID_SIGNATURE``.
+6. The body must be a JSON object: UTF-8, no NaN/Infinity, finite numbers, integers
+   within 64 bits, nesting ≤ 64, no NUL or lone surrogates in strings or keys → else 400.
+7. ``Idempotency-Key`` header (else an ``idempotency_key`` string in the body, else a
+   verified ``webhook-id``), ≤ 255 characters, deduplicated per trigger for 24 h by
+   the dispatcher: same key + same body → the original run (200); a different body
+   → 422; still being accepted → 409.
+
+Inputs: the body is the run's ``trigger`` payload. With an ``input_mapping`` the
+inputs are the mapped values (see :mod:`triggers.input_mapping`); without one the
+inputs are the body itself, less a top-level ``idempotency_key``.
+
+A rejection writes nothing but its audit event (and, past step 2, the rate-limit
+count the attempt used): the run, its dedupe key and ``last_fired_at`` are written
+in one transaction that a failed dispatch rolls back.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from hashlib import sha256
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from audit import writer
+from audit.models import Outcome
+from automations.dispatcher import (
+    Dedupe,
+    DispatchError,
+    DispatchRequest,
+    DispatchResult,
+    dispatch,
+    request_hash,
+)
+from automations.models import Automation, AutomationStatus
+
+from . import services
+from .input_mapping import MappingError, map_inputs
+from .models import Trigger, TriggerType, WebhookRateWindow
+
+MAX_BODY_BYTES = 256 * 1024
+MAX_DEPTH = 64
+MAX_TOKEN_CHARS = 200
+MAX_IDEMPOTENCY_KEY_CHARS = 255
+MAX_INT = 2**63 - 1
+MIN_INT = -(2**63)
+DEFAULT_RATE_LIMIT_PER_MINUTE = 600
+SIGNATURE_TOLERANCE_SECONDS = 300
+MAX_SIGNATURE_HEADER_CHARS = 4096
+
+UNAUTHORIZED_BODY = json.dumps(
+    {"error": {"code": "UNAUTHENTICATED", "message": "invalid or missing token"}}, separators=(", ", ": ")
+).encode()
+
+
+class WebhookRejected(Exception):
+    """A fire that is refused: the view answers ``status`` with ``code``/``message`` (or ``errors``)."""
+
+    def __init__(
+        self, status: int, code: str, message: str, *, reason: str = "", headers: dict[str, str] | None = None,
+        errors: list[dict] | None = None,
+    ):  # fmt: skip
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.reason = reason or message
+        self.headers = headers or {}
+        self.errors = errors
+
+    @property
+    def unauthenticated(self) -> bool:
+        return self.code == "UNAUTHENTICATED"
+
+
+class BodyInvalid(ValueError):
+    pass
+
+
+@dataclass
+class FireRequest:
+    """What the view hands over from the HTTP request; nothing else is trusted."""
+
+    automation_id: str
+    headers: Mapping[str, str]  # case-insensitive (Django's HttpHeaders)
+    content_length: str | None
+    read_body: Callable[[int], bytes]
+    remote_addr: str = ""
+
+
+# --- authentication -----------------------------------------------------------------
+
+
+def _bearer(authorization: str | None) -> str | None:
+    if not authorization:
+        return None
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token or len(token) > MAX_TOKEN_CHARS or " " in token:
+        return None
+    return token
+
+
+def _addressed(request: FireRequest) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(request.automation_id)
+    except (ValueError, AttributeError, TypeError):
+        return None
+
+
+def _authenticate(request: FireRequest) -> tuple[Trigger | None, str, str | None]:
+    """``(trigger, reason, token)``: the trigger when the token may fire this automation, else why not.
+
+    The same work (hash, one indexed lookup) is done whatever the outcome.
+    """
+    token = _bearer(request.headers.get("Authorization"))
+    if token is None:
+        return None, "missing or malformed Authorization header", None
+    digest = services.token_hash(token)
+    trigger = Trigger.objects.select_related("automation").filter(token_hash=digest).first()
+    if trigger is None or not hmac.compare_digest(trigger.token_hash or "", digest):
+        return None, "unknown token", token
+    if trigger.automation_id != _addressed(request):
+        return None, "token of another automation", token
+    if trigger.type != TriggerType.WEBHOOK:
+        return None, "not a webhook trigger", token
+    if trigger.token_revoked_at is not None:
+        return None, "revoked token", token
+    if not trigger.enabled:
+        return None, "trigger disabled", token
+    if trigger.automation.status != AutomationStatus.ACTIVE:
+        return None, "automation paused", token
+    return trigger, "", token
+
+
+# --- rate limit -----------------------------------------------------------------------
+
+
+def rate_limit_hit(trigger: Trigger, limit: int, now: float | None = None) -> int | None:
+    """Count one attempt; ``None`` when within ``limit`` per minute, else the seconds to wait."""
+    now = time.time() if now is None else now
+    window = int(now // 60)
+    table = connection.ops.quote_name(WebhookRateWindow._meta.db_table)
+    trigger_id = Trigger._meta.pk.get_db_prep_value(trigger.pk, connection)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (trigger_id, window_start, hits) VALUES (%s, %s, 1) "  # noqa: S608 - names only
+            f"ON CONFLICT (trigger_id, window_start) DO UPDATE SET hits = {table}.hits + 1 RETURNING hits",
+            [trigger_id, window],
+        )
+        hits = cursor.fetchone()[0]
+        if hits == 1:  # a new window: forget the ones before the previous
+            cursor.execute(f"DELETE FROM {table} WHERE trigger_id = %s AND window_start < %s",  # noqa: S608
+                           [trigger_id, window - 1])  # fmt: skip
+    if hits <= limit:
+        return None
+    return max(1, int((window + 1) * 60 - now + 0.999))
+
+
+# --- body ------------------------------------------------------------------------------
+
+
+def _is_json(content_type: str | None) -> bool:
+    if not content_type:
+        return False
+    media, *params = [part.strip().lower() for part in content_type.split(";")]
+    if media != "application/json":
+        return False
+    for param in params:
+        name, _, value = param.partition("=")
+        if name.strip() == "charset" and value.strip().strip('"') not in ("utf-8", "utf8"):
+            return False
+    return True
+
+
+def _reject_constant(name: str) -> Any:
+    raise BodyInvalid(f"{name} is not a JSON number")
+
+
+def _parse_int(text: str) -> int:
+    if len(text) > 20:
+        raise BodyInvalid("integers must fit in 64 bits")
+    value = int(text)
+    if not MIN_INT <= value <= MAX_INT:
+        raise BodyInvalid("integers must fit in 64 bits")
+    return value
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise BodyInvalid("numbers must be finite")
+    return value
+
+
+def _check_text(text: str) -> None:
+    if "\x00" in text:
+        raise BodyInvalid("strings must not contain U+0000")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BodyInvalid("strings must not contain lone surrogates") from None
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object, or BodyInvalid with a message safe to show the caller."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BodyInvalid("the body is not UTF-8") from None
+    try:
+        value = json.loads(
+            text, parse_constant=_reject_constant, parse_int=_parse_int, parse_float=_parse_float
+        )
+    except BodyInvalid:
+        raise
+    except RecursionError:
+        raise BodyInvalid(f"the body is nested more than {MAX_DEPTH} levels deep") from None
+    except ValueError:  # JSONDecodeError, and int() past sys.int_max_str_digits
+        raise BodyInvalid("the body is not valid JSON") from None
+    if not isinstance(value, dict):
+        raise BodyInvalid("the body must be a JSON object")
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise BodyInvalid(f"the body is nested more than {MAX_DEPTH} levels deep")
+        if isinstance(node, dict):
+            for key, item in node.items():
+                _check_text(key)
+                stack.append((item, depth + 1))
+        elif isinstance(node, list):
+            stack.extend((item, depth + 1) for item in node)
+        elif isinstance(node, str):
+            _check_text(node)
+    return value
+
+
+def _read_body(request: FireRequest) -> bytes:
+    length = (request.content_length or "").strip()
+    if length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise WebhookRejected(413, "PAYLOAD_TOO_LARGE", f"the body is larger than {MAX_BODY_BYTES} bytes",
+                              reason="body too large (Content-Length)")  # fmt: skip
+    raw = request.read_body(MAX_BODY_BYTES + 1)
+    if len(raw) > MAX_BODY_BYTES:
+        raise WebhookRejected(413, "PAYLOAD_TOO_LARGE", f"the body is larger than {MAX_BODY_BYTES} bytes",
+                              reason="body too large")  # fmt: skip
+    return raw
+
+
+# --- signatures ------------------------------------------------------------------------------
+
+
+def sign(secret: str, msg_id: str, timestamp: int | str, body: bytes) -> str:
+    """The ``v1,<base64>`` signature of a message under a ``whsec_`` secret (Standard Webhooks)."""
+    key = base64.b64decode(secret.removeprefix(services.SIGNING_SECRET_PREFIX))
+    digest = hmac.new(key, f"{msg_id}.{timestamp}.".encode() + body, sha256).digest()
+    return "v1," + base64.b64encode(digest).decode()
+
+
+def _verify_signature(trigger: Trigger, request: FireRequest, raw: bytes, now: float) -> str:
+    """The verified ``webhook-id``; raises WebhookRejected otherwise."""
+
+    def refuse(message: str) -> WebhookRejected:
+        return WebhookRejected(401, "INVALID_SIGNATURE", message, reason=f"signature: {message}")
+
+    secret = services.trigger_signing_secret(trigger)
+    if not secret:
+        raise refuse("this trigger requires signed requests but has no signing secret yet")
+    msg_id = request.headers.get("webhook-id") or ""
+    timestamp = request.headers.get("webhook-timestamp") or ""
+    signatures = request.headers.get("webhook-signature") or ""
+    if not msg_id or not timestamp or not signatures:
+        raise refuse("webhook-id, webhook-timestamp and webhook-signature headers are required")
+    if len(msg_id) > MAX_IDEMPOTENCY_KEY_CHARS or len(signatures) > MAX_SIGNATURE_HEADER_CHARS:
+        raise refuse("signature headers are too long")
+    if not timestamp.isascii() or not timestamp.isdigit() or len(timestamp) > 12:
+        raise refuse("webhook-timestamp must be Unix seconds")
+    if abs(now - int(timestamp)) > SIGNATURE_TOLERANCE_SECONDS:
+        raise refuse("webhook-timestamp is outside the 5-minute tolerance")
+    try:
+        expected = sign(secret, msg_id, timestamp, raw).encode()
+    except (binascii.Error, ValueError):
+        raise refuse("the signing secret is unusable; rotate it") from None
+    for candidate in signatures.split(" "):
+        if candidate.startswith("v1,") and hmac.compare_digest(candidate.encode(), expected):
+            return msg_id
+    raise refuse("no signature matches")
+
+
+# --- firing ------------------------------------------------------------------------------------
+
+
+def _idempotency_key(request: FireRequest, body: dict[str, Any], webhook_id: str | None) -> str | None:
+    key: Any = request.headers.get("Idempotency-Key")
+    if key is None and "idempotency_key" in body:
+        key = body["idempotency_key"]
+        if not isinstance(key, str):
+            raise BodyInvalid("idempotency_key must be a string")
+    if key is None:
+        return webhook_id
+    if not key or len(key) > MAX_IDEMPOTENCY_KEY_CHARS:
+        raise BodyInvalid(f"an idempotency key has 1 to {MAX_IDEMPOTENCY_KEY_CHARS} characters")
+    return key
+
+
+def _inputs(trigger: Trigger, body: dict[str, Any]) -> dict[str, Any]:
+    mapping = trigger.config.get("input_mapping")
+    if mapping:
+        return map_inputs(mapping, body)
+    return {k: v for k, v in body.items() if k != "idempotency_key"}
+
+
+def _audit_rejection(request: FireRequest, trigger: Trigger | None, rejection: WebhookRejected,
+                     token: str | None) -> None:  # fmt: skip
+    addressed = _addressed(request)
+    if trigger is not None and trigger.automation_id != addressed:
+        trigger = None  # another workspace's trigger is none of this chain's business
+    if trigger is not None:
+        workspace_id = trigger.workspace_id
+    else:  # audit in the chain of the automation that was addressed, when there is one
+        automations = Automation.objects.filter(pk=addressed) if addressed else Automation.objects.none()
+        workspace_id = automations.values_list("workspace_id", flat=True).first()
+    writer.append(
+        trace_id=uuid.uuid4().hex, type="webhook.rejected", outcome=Outcome.FAILURE, stage="trigger",
+        summary=f"webhook fire rejected ({rejection.status}): {rejection.reason}"[:500],
+        workspace_id=workspace_id, actor=f"webhook:{request.remote_addr or 'unknown'}",
+        refs={"automation": request.automation_id[:64], "trigger": str(trigger.pk) if trigger else ""},
+        payload={"status": rejection.status, "code": rejection.code, "reason": rejection.reason,
+                 "remote_addr": request.remote_addr, "errors": rejection.errors or []},
+        secrets=[token] if token else [],
+    )  # fmt: skip
+
+
+def webhook_fire(request: FireRequest, *, now: datetime | None = None) -> DispatchResult:
+    """Authenticate, check and dispatch one fire; raises WebhookRejected (already audited)."""
+    trigger, reason, token = _authenticate(request)
+    try:
+        if trigger is None:
+            raise WebhookRejected(401, "UNAUTHENTICATED", "invalid or missing token", reason=reason,
+                                  headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
+        return _fire(trigger, request, now or timezone.now())
+    except WebhookRejected as rejection:
+        with transaction.atomic():
+            _audit_rejection(request, trigger, rejection, token)
+        raise
+
+
+def _fire(trigger: Trigger, request: FireRequest, now: datetime) -> DispatchResult:
+    config = trigger.config
+    limit = int(config.get("rate_limit_per_minute") or DEFAULT_RATE_LIMIT_PER_MINUTE)
+    retry_after = rate_limit_hit(trigger, limit, now.timestamp())
+    if retry_after is not None:
+        raise WebhookRejected(429, "RATE_LIMITED", f"more than {limit} fires a minute for this trigger",
+                              reason="rate limited", headers={"Retry-After": str(retry_after)})  # fmt: skip
+    if not _is_json(request.headers.get("Content-Type")):
+        raise WebhookRejected(415, "UNSUPPORTED_MEDIA_TYPE", "the body must be application/json",
+                              reason="content type not JSON")  # fmt: skip
+    raw = _read_body(request)
+    webhook_id = (
+        _verify_signature(trigger, request, raw, now.timestamp()) if config.get("require_signature") else None
+    )
+    try:
+        body = parse_body(raw)
+        key = _idempotency_key(request, body, webhook_id)
+    except BodyInvalid as exc:
+        raise WebhookRejected(400, "INVALID_ARGUMENT", str(exc), reason=f"invalid body: {exc}") from None
+    try:
+        inputs = _inputs(trigger, body)
+    except MappingError as exc:
+        raise WebhookRejected(422, "UNPROCESSABLE", f"the trigger's {exc}",
+                              reason=f"input mapping: {exc}") from None  # fmt: skip
+    dedupe = Dedupe(scope=f"trigger:{trigger.pk}", key=key, request_hash=request_hash(body)) if key else None
+    try:
+        with transaction.atomic():
+            result = dispatch(
+                DispatchRequest(
+                    automation_id=trigger.automation_id, inputs=inputs, trigger_type="webhook",
+                    trigger_key=trigger.key, trigger_id=trigger.pk, trigger_payload=body,
+                    triggered_by=f"webhook:{trigger.key}", dedupe=dedupe, last_fired_at=trigger.last_fired_at,
+                )
+            )  # fmt: skip
+            if result.created:
+                Trigger.objects.filter(pk=trigger.pk).update(last_fired_at=now)
+    except DispatchError as exc:
+        raise WebhookRejected(exc.http_status, exc.code, exc.message, reason=f"dispatch: {exc.code}",
+                              errors=exc.errors) from None  # fmt: skip
+    return result
