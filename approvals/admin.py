@@ -84,7 +84,7 @@ class ApprovalAdmin(admin.ModelAdmin):
     @admin.display(description="what will run")
     def pretty_what(self, obj):
         text = json.dumps(obj.what, indent=2, sort_keys=True, ensure_ascii=False)
-        return format_html("<pre id='approval-what' style='max-height:30em;overflow:auto'>{}</pre>", text)
+        return format_html('<pre id="approval-what" style="max-height:30em;overflow:auto">{}</pre>', text)
 
     def changelist_view(self, request, extra_context=None):
         pending = selectors.pending_count(request.user)

@@ -14,7 +14,9 @@ from .models import Automation, AutomationVersion, DomainEvent, Run, StepRun
 
 
 class DefinitionField(forms.JSONField):
-    widget = forms.Textarea(attrs={"rows": 30, "cols": 110, "style": "font-family: monospace", "spellcheck": "false"})
+    widget = forms.Textarea(
+        attrs={"rows": 30, "cols": 110, "style": "font-family: monospace", "spellcheck": "false"}
+    )
 
 
 class AutomationForm(forms.ModelForm):
@@ -46,7 +48,9 @@ class VersionInline(admin.TabularInline):
 
     @admin.display(description="definition")
     def pretty_definition(self, obj):
-        return format_html("<pre style='max-height:12em;overflow:auto'>{}</pre>", json.dumps(obj.definition, indent=2))
+        return format_html(
+            "<pre style='max-height:12em;overflow:auto'>{}</pre>", json.dumps(obj.definition, indent=2)
+        )
 
     def has_add_permission(self, request, obj=None):
         return False
@@ -89,7 +93,9 @@ class AutomationAdmin(admin.ModelAdmin):
                 self.message_user(request, f"{automation.name}: {exc.message}", messages.ERROR)
                 continue
             if result.suppressed:
-                self.message_user(request, f"{automation.name}: suppressed (a run is active)", messages.WARNING)
+                self.message_user(
+                    request, f"{automation.name}: suppressed (a run is active)", messages.WARNING
+                )
             else:
                 self.message_user(request, f"{automation.name}: run {result.run.pk} queued")
 
@@ -153,7 +159,9 @@ class RunAdmin(admin.ModelAdmin):
 
     @admin.action(description="Cancel")
     def cancel(self, request, queryset):
-        self._each(request, queryset, "cancel requested", lambda r: services.run_cancel(run=r, user=request.user))
+        self._each(
+            request, queryset, "cancel requested", lambda r: services.run_cancel(run=r, user=request.user)
+        )
 
     @admin.action(description="Re-run")
     def rerun(self, request, queryset):

@@ -67,7 +67,10 @@ _TRIGGER_CONFIGS = {
         "type": "object",
         "additionalProperties": False,
         "properties": {
-            "input_mapping": {"type": "object", "additionalProperties": {"type": "string", "pattern": "^\\$", "maxLength": 256}},
+            "input_mapping": {
+                "type": "object",
+                "additionalProperties": {"type": "string", "pattern": "^\\$", "maxLength": 256},
+            },
             "require_signature": {"type": "boolean"},
             "rate_limit_per_minute": {"type": "integer", "minimum": 1, "maximum": 100000},
         },
@@ -79,7 +82,10 @@ _TRIGGER_CONFIGS = {
         "properties": {
             "event_type": {"type": "string", "pattern": "^[a-z0-9_.-]{1,128}$"},
             "filter": {"type": "object"},
-            "input_mapping": {"type": "object", "additionalProperties": {"type": "string", "pattern": "^\\$", "maxLength": 256}},
+            "input_mapping": {
+                "type": "object",
+                "additionalProperties": {"type": "string", "pattern": "^\\$", "maxLength": 256},
+            },
         },
     },
 }
@@ -164,15 +170,24 @@ def _schema_errors(validator: Draft202012Validator, instance: Any, base: str, *,
     for error in validator.iter_errors(instance):
         if lenient and isinstance(error.instance, str) and template.is_template(error.instance):
             continue
-        issues.append(_issue(base + _pointer(error.absolute_path), "schema_violation", _schema_message(error)))
+        issues.append(
+            _issue(base + _pointer(error.absolute_path), "schema_violation", _schema_message(error))
+        )
     return issues
 
 
 def _schema_message(error) -> str:
     if error.validator == "required":
-        return error.message.replace("'", "", 2) if len(error.message) < 200 else "a required property is missing"
+        return (
+            error.message.replace("'", "", 2)
+            if len(error.message) < 200
+            else "a required property is missing"
+        )
     if error.validator == "additionalProperties":
-        return "unknown property: " + ", ".join(sorted(set(error.instance) - set(error.schema.get("properties", {}))))[:200]
+        return (
+            "unknown property: "
+            + ", ".join(sorted(set(error.instance) - set(error.schema.get("properties", {}))))[:200]
+        )
     if error.validator in ("type", "enum", "const", "pattern", "minimum", "maximum", "minLength", "maxLength",
                            "minItems", "maxItems", "exclusiveMinimum"):  # fmt: skip
         return error.message[:300]
@@ -231,7 +246,9 @@ class _Checker:
         for pointer, source in template.iter_templates(value):
             self.check_template(source, path + pointer, known)
 
-    def check_steps(self, steps: list, base: str, known: set[str], seen_ids: set[str], final: bool) -> set[str]:
+    def check_steps(
+        self, steps: list, base: str, known: set[str], seen_ids: set[str], final: bool
+    ) -> set[str]:
         for i, step in enumerate(steps):
             path = f"{base}/{i}"
             step_id = step["step_id"]
@@ -279,7 +296,9 @@ class _Checker:
                 names.append((f"/credentials/{i}", name))
         for suffix, name in names:
             if not template.is_template(name) and name not in self.credential_names:
-                self.add(path + suffix, "unknown_credential", f"no credential named '{name}' in this workspace")
+                self.add(
+                    path + suffix, "unknown_credential", f"no credential named '{name}' in this workspace"
+                )
 
     def check_capability_call(self, config: Mapping[str, Any], path: str) -> None:
         capability_id = config["capability"]
@@ -290,7 +309,10 @@ class _Checker:
             self.add(path + "/capability", "unknown_capability", f"unknown capability '{capability_id}'")
             return
         self.issues += _schema_errors(
-            Draft202012Validator(capability.input_schema), config.get("args", {}), path + "/args", lenient=True
+            Draft202012Validator(capability.input_schema),
+            config.get("args", {}),
+            path + "/args",
+            lenient=True,
         )
 
     def check_inputs(self) -> None:
@@ -300,7 +322,11 @@ class _Checker:
         try:
             Draft202012Validator.check_schema(schema)
         except SchemaError as exc:
-            self.add("/inputs/schema" + _pointer(exc.absolute_path), "invalid_input_schema", "not a valid JSON Schema")
+            self.add(
+                "/inputs/schema" + _pointer(exc.absolute_path),
+                "invalid_input_schema",
+                "not a valid JSON Schema",
+            )
             return
         for name, prop in (schema.get("properties") or {}).items():
             default = prop.get("default") if isinstance(prop, dict) else None
@@ -313,7 +339,9 @@ class _Checker:
         for i, trigger in enumerate(self.definition.get("triggers") or []):
             path = f"/triggers/{i}"
             if trigger["key"] in seen:
-                self.add(path + "/key", "duplicate_trigger_key", f"trigger key '{trigger['key']}' is used twice")
+                self.add(
+                    path + "/key", "duplicate_trigger_key", f"trigger key '{trigger['key']}' is used twice"
+                )
             seen.add(trigger["key"])
             config = trigger.get("config") or {}
             if trigger["type"] == "schedule":
@@ -338,7 +366,9 @@ class _Checker:
     def check_execution(self) -> None:
         execution = self.definition.get("execution") or {}
         if "concurrency_key" in execution:
-            self.check_template(execution["concurrency_key"], "/execution/concurrency_key", {"inputs", "trigger"})
+            self.check_template(
+                execution["concurrency_key"], "/execution/concurrency_key", {"inputs", "trigger"}
+            )
 
 
 def min_cron_interval_seconds(cron: str) -> float:
@@ -383,4 +413,3 @@ def definition_json_schema() -> dict[str, Any]:
 
 def filter_json_schema() -> dict[str, Any]:
     return FILTER_SCHEMA
-

@@ -89,7 +89,9 @@ def queue_for(snapshot: dict[str, Any], workspace_id: int) -> str:
     return QUEUE_LONG
 
 
-def resolve_inputs(snapshot: dict[str, Any], given: dict[str, Any], request: DispatchRequest) -> dict[str, Any]:
+def resolve_inputs(
+    snapshot: dict[str, Any], given: dict[str, Any], request: DispatchRequest
+) -> dict[str, Any]:
     schema = (snapshot.get("inputs") or {}).get("schema") or {"type": "object"}
     inputs = dict(given)
     tokens = {
@@ -112,7 +114,9 @@ def resolve_inputs(snapshot: dict[str, Any], given: dict[str, Any], request: Dis
         for e in Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER).iter_errors(inputs)
     ]  # fmt: skip
     if errors:
-        raise DispatchError("INVALID_ARGUMENT", "inputs do not match the automation's input schema", errors=errors)
+        raise DispatchError(
+            "INVALID_ARGUMENT", "inputs do not match the automation's input schema", errors=errors
+        )
     return inputs
 
 

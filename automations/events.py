@@ -116,7 +116,9 @@ def deliver(event_id: str) -> int:
         try:
             handler(event)
         except Exception:
-            logger.exception("event subscriber %s failed for %s", getattr(handler, "__name__", handler), event_id)
+            logger.exception(
+                "event subscriber %s failed for %s", getattr(handler, "__name__", handler), event_id
+            )
     return len(_subscribers)
 
 

@@ -38,7 +38,7 @@ from audit import writer
 from audit.models import Outcome
 from audit.redaction import redact
 from capabilities import registry
-from capabilities.base import ActionContext, Capability, Envelope, ErrorCode, StepFailure
+from capabilities.base import Capability, Envelope, ErrorCode, StepFailure
 
 from . import definition as defs
 from . import events, runtime
@@ -101,9 +101,9 @@ def claim(run_id: str, me: str) -> Run | None:
         # take over at once instead of waiting for the lease to run out.
         row = Run.objects.filter(pk=run_id, status=RunStatus.RUNNING).values("claimed_by").first()
         if row and row["claimed_by"] and row["claimed_by"] != me and _claimant_is_dead(row["claimed_by"]):
-            taken = Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, claimed_by=row["claimed_by"]).update(
-                claimed_by=me, lease_expires_at=lease
-            )
+            taken = Run.objects.filter(
+                pk=run_id, status=RunStatus.RUNNING, claimed_by=row["claimed_by"]
+            ).update(claimed_by=me, lease_expires_at=lease)
     if not taken:
         return None
     return Run.objects.select_related("automation").get(pk=run_id)
@@ -113,6 +113,7 @@ class Executor:
     def __init__(self, run: Run, me: str):
         self.run = run
         self.me = me
+        self.step_runs = {(s.phase, s.index): s for s in StepRun.objects.filter(run=run)}
         self.snapshot = run.snapshot
         self.execution = self.snapshot.get("execution") or {}
         self.autonomy = self.execution.get("autonomy", defs.DEFAULT_AUTONOMY)
@@ -123,7 +124,9 @@ class Executor:
         """Write run fields only while this worker still holds the claim."""
         if "status" in fields:
             check_transition(self.run.status, fields["status"])
-        updated = Run.objects.filter(pk=self.run.pk, claimed_by=self.me, status=self.run.status).update(**fields)
+        updated = Run.objects.filter(pk=self.run.pk, claimed_by=self.me, status=self.run.status).update(
+            **fields
+        )
         if not updated:
             raise LostClaim(str(self.run.pk))
         for name, value in fields.items():
@@ -138,7 +141,11 @@ class Executor:
             outcome=outcome,
             workspace_id=self.run.workspace_id,
             stage=extra.pop("stage", "execute"),
-            refs={"run": str(self.run.pk), "automation": str(self.run.automation_id), **extra.pop("refs", {})},
+            refs={
+                "run": str(self.run.pk),
+                "automation": str(self.run.automation_id),
+                **extra.pop("refs", {}),
+            },
             actor=extra.pop("actor", f"worker:{self.me}"),
             payload=extra.pop("payload", {}),
             secrets=extra.pop("secrets", ()),
@@ -177,45 +184,60 @@ class Executor:
         with transaction.atomic():
             self._update_run(started_at=now, deadline_at=now + timedelta(seconds=timeout))
             queued_ms = (now - self.run.created_at).total_seconds() * 1000
-            self._audit("run.started", f"run started on {self.run.queue}", payload={"queue_wait_ms": queued_ms})
+            self._audit(
+                "run.started", f"run started on {self.run.queue}", payload={"queue_wait_ms": queued_ms}
+            )
 
     def _recover(self) -> bool:
         """Decide what to do with a step a dead worker left ``running``. False = stop."""
-        step_run = StepRun.objects.filter(
-            run=self.run, phase=self.run.phase, index=self.run.step_index, status=StepStatus.RUNNING
-        ).first()
-        if step_run is None:
+        step_run = self.step_runs.get((self.run.phase, self.run.step_index))
+        if step_run is None or step_run.status != StepStatus.RUNNING:
             return True
         step = self._steps(self.run.phase)[self.run.step_index]
         capability = self._describe(step, step_run.rendered_config or step.get("config") or {})
         if capability is not None and capability.safe_to_retry:
             with transaction.atomic():
-                StepRun.objects.filter(pk=step_run.pk).update(status=StepStatus.PENDING)
+                self._save_step(step_run, status=StepStatus.PENDING)
                 self._audit("step.recovered", f"{step['step_id']}: worker lost mid-step; safe to retry",
                             refs={"step": step["step_id"]}, payload={"attempt": step_run.attempt})  # fmt: skip
             return True
         message = "the worker stopped during this step; whether its side effect happened is unknown"
         with transaction.atomic():
-            StepRun.objects.filter(pk=step_run.pk).update(
+            self._save_step(
+                    step_run,
                 status=StepStatus.FAILED, error_code=ErrorCode.OUTCOME_UNKNOWN, error_message=message,
                 finished_at=timezone.now(),
                 output=Envelope.failure(ErrorCode.OUTCOME_UNKNOWN, message, retryable=False).as_dict(),
             )  # fmt: skip
             error = {"code": ErrorCode.OUTCOME_UNKNOWN, "message": message, "step_id": step["step_id"]}
-            self._update_run(status=RunStatus.NEEDS_ATTENTION, error=error, claimed_by="", lease_expires_at=None)
+            self._update_run(
+                status=RunStatus.NEEDS_ATTENTION, error=error, claimed_by="", lease_expires_at=None
+            )
             self._audit("step.outcome_unknown", f"{step['step_id']}: {message}", Outcome.FAILURE,
                         refs={"step": step["step_id"]}, payload={"idempotency_key": step_run.idempotency_key})  # fmt: skip
-            self._audit("run.needs_attention", "run needs an operator to resolve an unknown outcome", Outcome.FAILURE)
+            self._audit(
+                "run.needs_attention", "run needs an operator to resolve an unknown outcome", Outcome.FAILURE
+            )
         runtime.run_settled(self.run)
         return False
 
     def _stop_requested(self) -> bool:
         fresh = Run.objects.filter(pk=self.run.pk).values("cancel_requested", "deadline_at").first()
         if fresh and fresh["cancel_requested"]:
-            self._finish(RunStatus.CANCELLED, error={"code": ErrorCode.CANCELLED, "message": "cancelled by an operator"})
+            self._finish(
+                RunStatus.CANCELLED,
+                error={"code": ErrorCode.CANCELLED, "message": "cancelled by an operator"},
+            )
             return True
-        if fresh and fresh["deadline_at"] and timezone.now() > fresh["deadline_at"] and self.run.phase == PLAN:
-            self._fail({"code": ErrorCode.TIMEOUT, "message": "the run exceeded its timeout"}, RunStatus.TIMED_OUT)
+        if (
+            fresh
+            and fresh["deadline_at"]
+            and timezone.now() > fresh["deadline_at"]
+            and self.run.phase == PLAN
+        ):
+            self._fail(
+                {"code": ErrorCode.TIMEOUT, "message": "the run exceeded its timeout"}, RunStatus.TIMED_OUT
+            )
             return self.run.status in FINAL_RUN_STATUSES
         return False
 
@@ -244,11 +266,20 @@ class Executor:
         return defs.describe_step({**step, "config": config}, self.run.workspace_id)
 
     def _step_run(self, step: dict[str, Any]) -> StepRun:
-        step_run, _ = StepRun.objects.get_or_create(
-            run=self.run, phase=self.run.phase, index=self.run.step_index,
-            defaults={"step_id": step["step_id"], "action": step["action"]},
-        )  # fmt: skip
-        return step_run
+        """This step's row; unsaved until the step is checkpointed or has an outcome."""
+        key = (self.run.phase, self.run.step_index)
+        if key not in self.step_runs:
+            self.step_runs[key] = StepRun(run=self.run, phase=key[0], index=key[1], step_id=step["step_id"],
+                                          action=step["action"])  # fmt: skip
+        return self.step_runs[key]
+
+    def _save_step(self, step_run: StepRun, **fields: Any) -> None:
+        for name, value in fields.items():
+            setattr(step_run, name, value)
+        if step_run.pk is None:
+            step_run.save(force_insert=True)
+        else:
+            StepRun.objects.filter(pk=step_run.pk).update(**fields)
 
     def _run_step(self, step: dict[str, Any]) -> Parked | None:
         step_run = self._step_run(step)
@@ -257,19 +288,20 @@ class Executor:
             return None
         attempt = step_run.attempt + 1
         context = self._context(attempt)
-        step_id = step["step_id"]
         try:
             if "when" in step and not template.evaluate_predicate(step["when"], context):
                 self._skip(step_run, step)
                 return None
             config = template.render_value(step.get("config") or {}, context)
         except template.TemplateError as exc:
-            return self._step_failed(step_run, step, attempt, Envelope.failure(exc.code, exc.message, retryable=False))
+            return self._step_failed(
+                step_run, step, attempt, Envelope.failure(exc.code, exc.message, retryable=False)
+            )
         action = registry.get_action(step["action"])
         if action is None:
             return self._step_failed(step_run, step, attempt, Envelope.failure(
                 ErrorCode.CAPABILITY_NOT_FOUND, f"unknown action '{step['action']}'", retryable=False))  # fmt: skip
-        problems = sorted(Draft202012Validator(action.config_schema).iter_errors(config), key=str)
+        problems = sorted(_validator(step["action"], action.config_schema).iter_errors(config), key=str)
         if problems:
             message = f"config invalid after rendering at /{'/'.join(map(str, problems[0].absolute_path))}"
             return self._step_failed(step_run, step, attempt, Envelope.failure(
@@ -280,7 +312,9 @@ class Executor:
             return self._step_failed(step_run, step, attempt, Envelope.failure(
                 ErrorCode.CAPABILITY_NOT_FOUND, f"unknown capability '{capability_id}'", retryable=False))  # fmt: skip
         if step["action"] == "call_capability":
-            bad = next(Draft202012Validator(capability.input_schema).iter_errors(config.get("args") or {}), None)
+            bad = next(
+                Draft202012Validator(capability.input_schema).iter_errors(config.get("args") or {}), None
+            )
             if bad is not None:
                 where = "/".join(map(str, bad.absolute_path))
                 return self._step_failed(step_run, step, attempt, Envelope.failure(
@@ -297,13 +331,21 @@ class Executor:
                 ErrorCode.BUDGET_EXCEEDED, "the run's budget cap would be exceeded", retryable=False))  # fmt: skip
         return self._call(step_run, step, attempt, config, capability)
 
-    def _gate(self, step_run: StepRun, step: dict, config: dict, capability: Capability) -> bool | Parked | None:
-        recipients = len(config.get("to") or []) + len(config.get("cc") or []) if step["action"] == "send_email" else 0
+    def _gate(
+        self, step_run: StepRun, step: dict, config: dict, capability: Capability
+    ) -> bool | Parked | None:
+        recipients = (
+            len(config.get("to") or []) + len(config.get("cc") or []) if step["action"] == "send_email" else 0
+        )
         verbs = [str(config.get("method", "")), str(config.get("capability", "")), step["step_id"]]
         risk, reasons = policy.step_risk(
             capability, recipients=recipients, verbs=verbs, network=config.get("network") == "allow"
         )
-        decision = policy.Decision.CONFIRM if step["action"] == "require_approval" else policy.gate(self.autonomy, risk)
+        decision = (
+            policy.Decision.CONFIRM
+            if step["action"] == "require_approval"
+            else policy.gate(self.autonomy, risk)
+        )
         if self.autonomy == "A0":
             decision = policy.Decision.PREVIEW
         if decision == policy.Decision.ALLOW:
@@ -324,7 +366,7 @@ class Executor:
             return True
         if verdict.status == "pending":
             with transaction.atomic():
-                StepRun.objects.filter(pk=step_run.pk).update(status=StepStatus.AWAITING_APPROVAL)
+                self._save_step(step_run, status=StepStatus.AWAITING_APPROVAL)
                 self._update_run(status=RunStatus.AWAITING_APPROVAL, claimed_by="", lease_expires_at=None)
             return Parked(RunStatus.AWAITING_APPROVAL)
         code = {"denied": ErrorCode.APPROVAL_DENIED, "expired": ErrorCode.APPROVAL_EXPIRED}.get(
@@ -348,7 +390,8 @@ class Executor:
         started = False
         if capability.has_side_effects:
             with transaction.atomic():
-                StepRun.objects.filter(pk=step_run.pk).update(
+                self._save_step(
+                    step_run,
                     status=StepStatus.RUNNING, attempt=attempt, idempotency_key=key, started_at=now,
                     rendered_config=config, finished_at=None,
                 )  # fmt: skip
@@ -356,8 +399,6 @@ class Executor:
                 self._audit("step.started", f"{step_id} started (attempt {attempt})", refs={"step": step_id},
                             payload={"action": step["action"], "idempotency_key": key})  # fmt: skip
             started = True
-        else:
-            self._update_run(lease_expires_at=lease)
         ctx = runtime.action_context(self.run, step, attempt, key, timeout)
         try:
             if step["action"] == "call_capability":
@@ -370,7 +411,9 @@ class Executor:
             envelope = Envelope.failure(exc.code, exc.message, retryable=exc.retryable)
         except Exception:
             logger.exception("run %s step %s: handler raised", self.run.pk, step_id)
-            envelope = Envelope.failure(ErrorCode.INTERNAL, "the step failed with an internal error", retryable=False)
+            envelope = Envelope.failure(
+                ErrorCode.INTERNAL, "the step failed with an internal error", retryable=False
+            )
         envelope = _redacted(envelope, ctx.secrets)
         stored_config = redact(config, ctx.secrets)
         if envelope.resume_at is not None and envelope.ok:
@@ -381,7 +424,9 @@ class Executor:
         return None
 
     def _step_timeout(self, step: dict, capability: Capability) -> float:
-        declared = float(step.get("timeout_seconds", max(capability.expected_duration_seconds, DEFAULT_STEP_TIMEOUT)))
+        declared = float(
+            step.get("timeout_seconds", max(capability.expected_duration_seconds, DEFAULT_STEP_TIMEOUT))
+        )
         if self.run.deadline_at is None:
             return declared
         remaining = (self.run.deadline_at - timezone.now()).total_seconds()
@@ -394,7 +439,8 @@ class Executor:
         step_id = step["step_id"]
         now = timezone.now()
         with transaction.atomic():
-            StepRun.objects.filter(pk=step_run.pk).update(
+            self._save_step(
+                    step_run,
                 status=StepStatus.SUCCEEDED, attempt=attempt, rendered_config=config, output=envelope.as_dict(),
                 error_code="", error_message="", cost_usd=envelope.cost_usd,
                 started_at=started_at or now, finished_at=now,
@@ -414,9 +460,11 @@ class Executor:
     def _skip(self, step_run: StepRun, step: dict) -> None:
         with transaction.atomic():
             now = timezone.now()
-            StepRun.objects.filter(pk=step_run.pk).update(status=StepStatus.SKIPPED, started_at=now, finished_at=now)
+            self._save_step(step_run, status=StepStatus.SKIPPED, started_at=now, finished_at=now)
             self._update_run(step_index=self.run.step_index + 1)
-            self._audit("step.skipped", f"{step['step_id']} skipped: 'when' was false", refs={"step": step["step_id"]})
+            self._audit(
+                "step.skipped", f"{step['step_id']} skipped: 'when' was false", refs={"step": step["step_id"]}
+            )
 
     def _advance(self) -> None:
         self._update_run(step_index=self.run.step_index + 1)
@@ -438,7 +486,8 @@ class Executor:
         now = timezone.now()
         retry = bool(error.get("retryable")) and attempt <= max_retries
         with transaction.atomic():
-            StepRun.objects.filter(pk=step_run.pk).update(
+            self._save_step(
+                    step_run,
                 status=StepStatus.PENDING if retry else StepStatus.FAILED, attempt=attempt,
                 rendered_config=config, output=envelope.as_dict(), error_code=error["code"],
                 error_message=error["message"][:500], started_at=started_at or now, finished_at=now,
@@ -450,7 +499,9 @@ class Executor:
                 delay = backoff_seconds(step.get("retry_backoff", self.execution.get("retry_backoff", "exponential")),
                                         attempt)  # fmt: skip
                 wake_at = now + timedelta(seconds=delay)
-                self._update_run(status=RunStatus.WAITING, wake_at=wake_at, claimed_by="", lease_expires_at=None)
+                self._update_run(
+                    status=RunStatus.WAITING, wake_at=wake_at, claimed_by="", lease_expires_at=None
+                )
                 self._audit("step.retrying", f"{step_id} failed ({error['code']}); retry {attempt} in {delay:.1f}s",
                             Outcome.FAILURE, refs={"step": step_id},
                             payload={"error": error, "attempt": attempt, "delay_seconds": delay})  # fmt: skip
@@ -484,8 +535,12 @@ class Executor:
             self._fail(self.run.error or {"code": ErrorCode.INTERNAL, "message": "failed"})
 
     def _output(self) -> Any:
-        last = StepRun.objects.filter(run=self.run, phase=PLAN, status=StepStatus.SUCCEEDED).order_by("-index").first()
-        return last.output.get("data") if last and last.output else None
+        done = [
+            s
+            for (phase, _), s in sorted(self.step_runs.items())
+            if phase == PLAN and s.status == StepStatus.SUCCEEDED
+        ]
+        return done[-1].output.get("data") if done and done[-1].output else None
 
     def _finish(self, status: str, *, output: Any = None, error: dict | None = None) -> None:
         with transaction.atomic():
@@ -506,6 +561,15 @@ class Executor:
                              "status": status, "output": output, "error": error},
                 )  # fmt: skip
         runtime.run_settled(self.run)
+
+
+_validators: dict[str, Draft202012Validator] = {}
+
+
+def _validator(name: str, schema: Any) -> Draft202012Validator:
+    if name not in _validators:
+        _validators[name] = Draft202012Validator(schema)
+    return _validators[name]
 
 
 def idempotency_key(run_id: str, step_id: str, attempt: int, config: Any) -> str:
@@ -545,4 +609,3 @@ def execute_run(run_id: str, me: str | None = None) -> str | None:
         return run.status
     Executor(run, me).execute()
     return Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
-

@@ -20,7 +20,9 @@ class Automation(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="automations")
     name = models.CharField(max_length=200)
-    status = models.CharField(max_length=16, choices=AutomationStatus.choices, default=AutomationStatus.ACTIVE)
+    status = models.CharField(
+        max_length=16, choices=AutomationStatus.choices, default=AutomationStatus.ACTIVE
+    )
     version = models.PositiveIntegerField(default=1)
     definition = models.JSONField()
     created_by = models.ForeignKey(
@@ -53,7 +55,9 @@ class AutomationVersion(models.Model):
 
     class Meta:
         ordering = ["-version"]
-        constraints = [models.UniqueConstraint(fields=["automation", "version"], name="automation_version_unique")]
+        constraints = [
+            models.UniqueConstraint(fields=["automation", "version"], name="automation_version_unique")
+        ]
 
     def __str__(self) -> str:
         return f"{self.automation_id} v{self.version}"

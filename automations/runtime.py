@@ -44,7 +44,9 @@ def action_context(run: Run, step: dict[str, Any], attempt: int, key: str, timeo
     def call_capability(capability_id: str, args: dict[str, Any]) -> Envelope:
         capability = registry.get_capability(capability_id, run.workspace_id)
         if capability is None or capability.handler is None:
-            return Envelope.failure("CAPABILITY_NOT_FOUND", f"unknown capability '{capability_id}'", retryable=False)
+            return Envelope.failure(
+                "CAPABILITY_NOT_FOUND", f"unknown capability '{capability_id}'", retryable=False
+            )
         return capability.handler(ctx, args)
 
     ctx = ActionContext(
@@ -72,11 +74,20 @@ def plan_hash(snapshot: dict[str, Any], step_key: str, config: Any) -> str:
 
 
 def approval_gate(
-    *, run: Run, step_run: StepRun, step: dict, config: dict, capability: Capability, risk: Risk, reasons: list[str]
+    *,
+    run: Run,
+    step_run: StepRun,
+    step: dict,
+    config: dict,
+    capability: Capability,
+    risk: Risk,
+    reasons: list[str],
 ) -> approval_gates.Verdict:
     automation = Automation.objects.filter(pk=run.automation_id).values("version", "updated_by_id").first()
     if automation is None or automation["version"] != run.automation_version:
-        return approval_gates.Verdict("invalid", "the automation was edited after this run started; re-run it")
+        return approval_gates.Verdict(
+            "invalid", "the automation was edited after this run started; re-run it"
+        )
     step_key = f"{step_run.phase}:{step_run.index}:{step['step_id']}"
     execution = run.snapshot.get("execution") or {}
     verdict = approval_gates.check_step(
@@ -142,7 +153,9 @@ def run_settled(run: Run) -> None:
         free = max_concurrent - active
         if free <= 0:
             return
-        held = list(same.filter(status=RunStatus.QUEUED, enqueued_at__isnull=True).order_by("created_at")[:free])
+        held = list(
+            same.filter(status=RunStatus.QUEUED, enqueued_at__isnull=True).order_by("created_at")[:free]
+        )
         for next_run in held:
             Run.objects.filter(pk=next_run.pk).update(enqueued_at=timezone.now())
             enqueue_on_commit(next_run)

@@ -11,7 +11,9 @@ from .models import Automation, Run
 
 
 def automations_visible_to(user) -> QuerySet[Automation]:
-    return Automation.objects.filter(workspace__in=workspaces_for(user, Permission.VIEW)).select_related("workspace")
+    return Automation.objects.filter(workspace__in=workspaces_for(user, Permission.VIEW)).select_related(
+        "workspace"
+    )
 
 
 def runs_visible_to(user) -> QuerySet[Run]:

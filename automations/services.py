@@ -78,12 +78,16 @@ def _status(value: str | None, current: str) -> str:
     if value is None:
         return current
     if value not in AutomationStatus.values:
-        raise DefinitionInvalid([{"path": "/status", "code": "invalid_status", "message": "status is active or paused"}])
+        raise DefinitionInvalid(
+            [{"path": "/status", "code": "invalid_status", "message": "status is active or paused"}]
+        )
     return value
 
 
 @transaction.atomic
-def automation_create(*, workspace: Workspace, definition: Any, user=None, status: str | None = None) -> Automation:
+def automation_create(
+    *, workspace: Workspace, definition: Any, user=None, status: str | None = None
+) -> Automation:
     definition_check(definition, workspace)
     automation = Automation.objects.create(
         workspace=workspace, name=definition["name"], definition=definition, version=1,
@@ -124,7 +128,11 @@ def automation_update(
         return automation
     automation.updated_by = user if user and user.is_authenticated else automation.updated_by
     automation.save(update_fields=["definition", "name", "version", "status", "updated_by", "updated_at"])
-    kind = "automation.updated" if "version" in changes else f"automation.{'paused' if new_status == 'paused' else 'resumed'}"
+    kind = (
+        "automation.updated"
+        if "version" in changes
+        else f"automation.{'paused' if new_status == 'paused' else 'resumed'}"
+    )
     writer.append(
         trace_id=uuid.uuid4().hex, type=kind, summary=f"automation {automation.name}: {changes}",
         workspace_id=automation.workspace_id, actor=_actor(user), refs={"automation": str(automation.pk)},
@@ -149,7 +157,9 @@ def automation_delete(*, automation: Automation, user=None) -> None:
     automation.delete()
 
 
-def run_create(*, automation: Automation, inputs: Any, user=None, idempotency_key: str | None = None) -> DispatchResult:
+def run_create(
+    *, automation: Automation, inputs: Any, user=None, idempotency_key: str | None = None
+) -> DispatchResult:
     """A manual run ("Run now"): the same dispatcher as every trigger."""
     if not isinstance(inputs, dict):
         raise DispatchError("INVALID_ARGUMENT", "inputs must be a JSON object")
@@ -157,7 +167,9 @@ def run_create(*, automation: Automation, inputs: Any, user=None, idempotency_ke
 
     dedupe = None
     if idempotency_key:
-        dedupe = Dedupe(scope=f"manual:{automation.pk}", key=idempotency_key[:255], request_hash=request_hash(inputs))
+        dedupe = Dedupe(
+            scope=f"manual:{automation.pk}", key=idempotency_key[:255], request_hash=request_hash(inputs)
+        )
     return dispatch(
         DispatchRequest(
             automation_id=automation.pk, inputs=inputs, trigger_type="manual", triggered_by=_actor(user),
@@ -210,7 +222,9 @@ def run_rerun(*, run: Run, user=None, from_step: str | None = None) -> Run:
         for index in range(start):
             step_run = earlier.get(index)
             if step_run is None or step_run.status not in (StepStatus.SUCCEEDED, StepStatus.SKIPPED):
-                raise RunActionRefused("INVALID_ARGUMENT", f"step '{ids[index]}' did not succeed in the original run", 400)
+                raise RunActionRefused(
+                    "INVALID_ARGUMENT", f"step '{ids[index]}' did not succeed in the original run", 400
+                )
             if plan[index].get("output_as") and step_run.output:
                 context[plan[index]["output_as"]] = step_run.output.get("data")
     new = Run.objects.create(
@@ -246,7 +260,9 @@ def run_resolve(*, run: Run, resolution: str, user=None, reason: str = "", outpu
         raise RunActionRefused("INVALID_ARGUMENT", "resolution must be succeeded, retry or failed", 400)
     run = Run.objects.select_for_update().get(pk=run.pk)
     if run.status != RunStatus.NEEDS_ATTENTION:
-        raise RunActionRefused("CONFLICT", f"only needs_attention runs can be resolved (this one is {run.status})")
+        raise RunActionRefused(
+            "CONFLICT", f"only needs_attention runs can be resolved (this one is {run.status})"
+        )
     step_run = StepRun.objects.filter(run=run, phase=run.phase, index=run.step_index).first()
     now = timezone.now()
     fields: dict[str, Any] = {"error": None, "claimed_by": "", "lease_expires_at": None}
@@ -256,13 +272,17 @@ def run_resolve(*, run: Run, resolution: str, user=None, reason: str = "", outpu
                 status=StepStatus.SUCCEEDED, error_code="", error_message="", finished_at=now,
                 output={"ok": True, "summary": "marked succeeded by an operator", "data": output, "error": None},
             )  # fmt: skip
-            step = (run.snapshot["plan"] if run.phase == "plan" else run.snapshot["execution"]["on_failure"])[run.step_index]
+            step = (run.snapshot["plan"] if run.phase == "plan" else run.snapshot["execution"]["on_failure"])[
+                run.step_index
+            ]
             if step.get("output_as"):
                 fields["context"] = {**run.context, step["output_as"]: output}
         fields.update(status=RunStatus.QUEUED, step_index=run.step_index + 1, enqueued_at=now)
     elif resolution == "retry":
         if step_run is not None:
-            StepRun.objects.filter(pk=step_run.pk).update(status=StepStatus.PENDING, error_code="", error_message="")
+            StepRun.objects.filter(pk=step_run.pk).update(
+                status=StepStatus.PENDING, error_code="", error_message=""
+            )
         fields.update(status=RunStatus.QUEUED, enqueued_at=now)
     else:
         fields.update(status=RunStatus.FAILED, finished_at=now,

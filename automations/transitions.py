@@ -7,8 +7,18 @@ from .models import RunStatus
 S = RunStatus
 ALLOWED: dict[str, frozenset[str]] = {
     S.QUEUED: frozenset({S.RUNNING, S.CANCELLED}),
-    S.RUNNING: frozenset({S.RUNNING, S.SUCCEEDED, S.FAILED, S.CANCELLED, S.TIMED_OUT,
-                          S.NEEDS_ATTENTION, S.AWAITING_APPROVAL, S.WAITING}),  # fmt: skip
+    S.RUNNING: frozenset(
+        {
+            S.RUNNING,
+            S.SUCCEEDED,
+            S.FAILED,
+            S.CANCELLED,
+            S.TIMED_OUT,
+            S.NEEDS_ATTENTION,
+            S.AWAITING_APPROVAL,
+            S.WAITING,
+        }
+    ),  # fmt: skip
     S.AWAITING_APPROVAL: frozenset({S.QUEUED, S.FAILED, S.CANCELLED}),
     S.WAITING: frozenset({S.RUNNING, S.QUEUED, S.CANCELLED}),
     S.NEEDS_ATTENTION: frozenset({S.QUEUED, S.FAILED, S.CANCELLED}),

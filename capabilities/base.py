@@ -99,7 +99,9 @@ class Envelope:
     @classmethod
     def failure(cls, code: str, message: str, *, retryable: bool | None = None) -> Envelope:
         retry = (code in RETRYABLE_CODES) if retryable is None else retryable
-        return cls(ok=False, summary=message, error={"code": str(code), "message": message, "retryable": retry})
+        return cls(
+            ok=False, summary=message, error={"code": str(code), "message": message, "retryable": retry}
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "summary": self.summary, "data": self.data, "error": self.error}

@@ -85,7 +85,9 @@ def exception_handler(exc, context):
     response = drf_exception_handler(exc, context)
     if response is None:
         logger.exception("unhandled API error", exc_info=exc)
-        return Response(error_body("INTERNAL", "internal error"), status=status.HTTP_500_INTERNAL_SERVER_ERROR)
+        return Response(
+            error_body("INTERNAL", "internal error"), status=status.HTTP_500_INTERNAL_SERVER_ERROR
+        )
     code = _CODES.get(response.status_code, "ERROR")
     message = str(getattr(exc, "detail", "")) or code.lower()
     response.data = error_body(code, message)

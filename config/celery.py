@@ -52,3 +52,11 @@ def ping(value: object = None) -> dict:
     import socket
 
     return {"value": value, "worker": socket.gethostname(), "pid": os.getpid()}
+
+
+@app.task(name="autoplane.sleep", ignore_result=True)
+def sleep(seconds: float = 0.1) -> None:
+    """Occupies a worker; the benchmark uses it to back a queue up (queue isolation)."""
+    import time
+
+    time.sleep(min(float(seconds), 60.0))

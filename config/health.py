@@ -50,7 +50,11 @@ def check_database() -> dict[str, Any]:
             cursor.fetchone()
     except Exception as exc:
         return _failure("database", exc)
-    return {"ok": True, "vendor": connection.vendor, "latency_ms": round((time.perf_counter() - started) * 1000, 1)}
+    return {
+        "ok": True,
+        "vendor": connection.vendor,
+        "latency_ms": round((time.perf_counter() - started) * 1000, 1),
+    }
 
 
 def broker_backlog(queues: tuple[str, ...] = QUEUES) -> dict[str, int]:
@@ -100,7 +104,8 @@ def check_processes() -> dict[str, Any]:
         elif beats > 1:
             beat["error"] = f"{beats} beat processes are running; run exactly one"
         queues = {
-            queue: {"ok": workers > 0, "workers": workers} for queue, workers in workers_by_queue(QUEUES).items()
+            queue: {"ok": workers > 0, "workers": workers}
+            for queue, workers in workers_by_queue(QUEUES).items()
         }
     except Exception as exc:
         failure = _failure("heartbeats", exc)

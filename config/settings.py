@@ -163,7 +163,9 @@ AUTOPLANE_SIGNING_KEY_FILE = Path(
 )
 # Public keys of retired signing keys (PEM files), kept so old tokens and
 # checkpoints still verify after rotation.
-AUTOPLANE_RETIRED_PUBLIC_KEY_FILES = [Path(p) for p in env.list("AUTOPLANE_RETIRED_PUBLIC_KEY_FILES", default=[])]
+AUTOPLANE_RETIRED_PUBLIC_KEY_FILES = [
+    Path(p) for p in env.list("AUTOPLANE_RETIRED_PUBLIC_KEY_FILES", default=[])
+]
 AUTOPLANE_AUDIT_CHECKPOINT_SECONDS = env.int("AUTOPLANE_AUDIT_CHECKPOINT_SECONDS", default=300)
 AUTOPLANE_AUDIT_MAX_PAYLOAD_BYTES = env.int("AUTOPLANE_AUDIT_MAX_PAYLOAD_BYTES", default=64 * 1024)
 
@@ -220,7 +222,10 @@ LOGGING = {
 # DatabaseScheduler). Each task is implemented by the app named in its name.
 CELERY_BEAT_SCHEDULE = {
     "beat-heartbeat": {"task": "autoplane.beat_heartbeat", "schedule": 10.0},
-    "audit-checkpoint": {"task": "autoplane.audit_checkpoint", "schedule": float(AUTOPLANE_AUDIT_CHECKPOINT_SECONDS)},
+    "audit-checkpoint": {
+        "task": "autoplane.audit_checkpoint",
+        "schedule": float(AUTOPLANE_AUDIT_CHECKPOINT_SECONDS),
+    },
     "sweep-runs": {"task": "autoplane.sweep_runs", "schedule": float(AUTOPLANE_SWEEP_SECONDS)},
     "expire-approvals": {"task": "autoplane.expire_approvals", "schedule": 30.0},
     "purge-expired": {"task": "autoplane.purge_expired", "schedule": 3600.0},

@@ -135,7 +135,9 @@ class Supervisor:
         self.say("up", f"started {spec.name} (pid {child.proc.pid})")
 
     def pids(self) -> dict[str, int]:
-        return {c.spec.name: c.proc.pid for c in self.children if c.proc is not None and c.proc.poll() is None}
+        return {
+            c.spec.name: c.proc.pid for c in self.children if c.proc is not None and c.proc.poll() is None
+        }
 
     def _check(self) -> int | None:
         """Reap and restart children; returns an exit code when the supervisor must give up."""

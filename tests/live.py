@@ -176,7 +176,7 @@ class LiveProcess:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def stop(self, timeout: float = 10.0) -> int | None:
+    def stop(self, timeout: float = 5.0) -> int | None:
         """SIGTERM (warm shutdown), then SIGKILL to the whole group after ``timeout`` seconds."""
         if self.proc is None:
             return None

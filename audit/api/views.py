@@ -30,7 +30,7 @@ class _VisibleEventsMixin:
         return workspaces_for(self.request.user, Permission.VIEW).values("id")
 
 
-@extend_schema(parameters=[AuditQuerySerializer], summary="Audit events of your workspaces, oldest first")
+@extend_schema(tags=["audit"], parameters=[AuditQuerySerializer], summary="Audit events of your workspaces, oldest first")
 class AuditEventListView(_VisibleEventsMixin, generics.ListAPIView):
     serializer_class = AuditEventSerializer
 
@@ -40,7 +40,7 @@ class AuditEventListView(_VisibleEventsMixin, generics.ListAPIView):
         return selectors.audit_events(workspace_ids=self.visible_workspace_ids(), **query.validated_data)
 
 
-@extend_schema(summary="One audit event")
+@extend_schema(tags=["audit"], summary="One audit event")
 class AuditEventDetailView(_VisibleEventsMixin, generics.RetrieveAPIView):
     serializer_class = AuditEventSerializer
 
@@ -48,7 +48,7 @@ class AuditEventDetailView(_VisibleEventsMixin, generics.RetrieveAPIView):
         return selectors.audit_events(workspace_ids=self.visible_workspace_ids())
 
 
-@extend_schema(summary="Verify the chains of your workspaces")
+@extend_schema(tags=["audit"], summary="Verify the chains of your workspaces")
 class AuditVerifyView(generics.GenericAPIView):
     serializer_class = VerifyResultSerializer
 
@@ -58,7 +58,7 @@ class AuditVerifyView(generics.GenericAPIView):
         return Response(self.get_serializer(result.as_dict()).data)
 
 
-@extend_schema(summary="Public keys that verify checkpoints and approval tokens")
+@extend_schema(tags=["audit"], summary="Public keys that verify checkpoints and approval tokens")
 class PublicKeysView(generics.GenericAPIView):
     serializer_class = PublicKeyListSerializer
     authentication_classes: list = []

@@ -51,7 +51,9 @@ class RunOut(serializers.ModelSerializer):
         for index, step in enumerate(run.snapshot["plan"]):
             row = rows.get(("plan", index))
             if row is None:
-                row = StepRun(run=run, phase="plan", index=index, step_id=step["step_id"], action=step["action"])
+                row = StepRun(
+                    run=run, phase="plan", index=index, step_id=step["step_id"], action=step["action"]
+                )
             out.append(StepOut(row).data)
         for (phase, _), row in sorted(rows.items()):
             if phase == "on_failure":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
@@ -108,7 +107,9 @@ class AutomationDetail(generics.RetrieveAPIView):
         data = AutomationWrite(data=request.data)
         data.is_valid(raise_exception=True)
         if not partial and "definition" not in data.validated_data:
-            raise ValidationErrors([{"path": "/definition", "code": "required", "message": "definition is required"}])
+            raise ValidationErrors(
+                [{"path": "/definition", "code": "required", "message": "definition is required"}]
+            )
         try:
             automation = services.automation_update(
                 automation=automation, user=request.user,
@@ -140,7 +141,9 @@ class AutomationVersions(generics.ListAPIView):
     serializer_class = AutomationVersionOut
 
     def get_queryset(self):
-        automation = get_object_or_404(selectors.automations_visible_to(self.request.user), pk=self.kwargs["pk"])
+        automation = get_object_or_404(
+            selectors.automations_visible_to(self.request.user), pk=self.kwargs["pk"]
+        )
         return automation.versions.order_by("-version")
 
 

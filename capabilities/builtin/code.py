@@ -199,7 +199,9 @@ def _problems(config: Mapping[str, Any], kind: str, *, saving: bool) -> list[tup
     if kind == "run_python":
         code_pointer, main = "/code", PYTHON_MAIN if "code" in config else None
         if ("code" in config) == ("script" in config):
-            problems.append(("", "invalid_config", "give either `code` or `script` (a file name among `files`)"))
+            problems.append(
+                ("", "invalid_config", "give either `code` or `script` (a file name among `files`)")
+            )
         elif "script" in config and not _is_template(config["script"]) and config["script"] not in files:
             problems.append(("/script", "invalid_config", f"'{config['script']}' is not one of `files`"))
     else:
@@ -217,7 +219,9 @@ def _problems(config: Mapping[str, Any], kind: str, *, saving: bool) -> list[tup
         # Every config string is a template; code must not be one (a value rendered into
         # code is code injection), and Jinja would mangle code that merely looks like one.
         sources = {code_pointer: code} if kind == "run_shell" or "code" in config else {}
-        sources.update({"/files/" + name.replace("~", "~0").replace("/", "~1"): text for name, text in files.items()})
+        sources.update(
+            {"/files/" + name.replace("~", "~0").replace("/", "~1"): text for name, text in files.items()}
+        )
         for pointer, text in sources.items():
             if _is_template(text):
                 problems.append((pointer, "template_in_code", (
@@ -271,10 +275,14 @@ def _credential_env(ctx: ActionContext, names: list[str]) -> dict[str, str]:
         elif kind == "header":
             fields = {base: value.get("value"), f"{base}_HEADER_NAME": value.get("header_name")}
         else:
-            raise StepFailure(ErrorCode.INVALID_ARGUMENT, f"credential '{name}' cannot be used by a code step")
+            raise StepFailure(
+                ErrorCode.INVALID_ARGUMENT, f"credential '{name}' cannot be used by a code step"
+            )
         for key, text in fields.items():
             if not isinstance(text, str) or "\0" in text:
-                raise StepFailure(ErrorCode.INVALID_ARGUMENT, f"credential '{name}' cannot be used by a code step")
+                raise StepFailure(
+                    ErrorCode.INVALID_ARGUMENT, f"credential '{name}' cannot be used by a code step"
+                )
             env[key] = text
     return env
 

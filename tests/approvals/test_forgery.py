@@ -70,7 +70,9 @@ def test_token_from_a_key_the_platform_never_had_does_not_run(drive, people, tar
     payload = json.loads(signing.b64url_decode(approval.token.split(".")[0]))
     payload["kid"] = signing.key_id_for(other.public_key())
     data = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
-    Approval.objects.filter(pk=approval.pk).update(token=f"{signing.b64url(data)}.{signing.b64url(other.sign(data))}")
+    Approval.objects.filter(pk=approval.pk).update(
+        token=f"{signing.b64url(data)}.{signing.b64url(other.sign(data))}"
+    )
 
     run = drive.resume(parked.run)
 
@@ -80,11 +82,14 @@ def test_token_from_a_key_the_platform_never_had_does_not_run(drive, people, tar
 
 def test_token_copied_to_another_steps_approval_does_not_run(drive, people, target, path_for):
     first, second = path_for("first"), path_for("second")
-    doc = definition(http_step("remove_a", target.url(first), "POST"), http_step("remove_b", target.url(second), "POST"))
+    doc = definition(
+        http_step("remove_a", target.url(first), "POST"), http_step("remove_b", target.url(second), "POST")
+    )
     run = drive.start(drive.automation(doc))
     token_a = drive.decide(drive.approval(run), people.alice).token
     run = drive.resume(run)
-    assert target.count(first) == 1 and run.status == "awaiting_approval"
+    assert target.count(first) == 1
+    assert run.status == "awaiting_approval"
     approval_b = drive.approval(run)
     assert approval_b.step_id == "remove_b"
 
@@ -115,7 +120,8 @@ def test_approval_row_moved_to_another_step_is_refused_by_its_token(drive, peopl
     Approval.objects.filter(pk=approval.pk).update(step_key="plan:0:other")
     # The row now claims another step, so this step has no approval: the gate asks again.
     run = drive.resume(parked.run)
-    assert run.status == "awaiting_approval" and target.count(parked.path) == 0
+    assert run.status == "awaiting_approval"
+    assert target.count(parked.path) == 0
     request = gate.GateRequest(**{**_request(drive, run, approval), "step_key": "plan:0:other"})
 
     verdict = gate.check_step(request)
@@ -137,17 +143,21 @@ def _request(drive, run, approval) -> dict:
 def test_replayed_consumed_token_does_not_run_again(drive, people, target, parked):
     approval = drive.decide(parked.approval, people.alice)
     run = drive.resume(parked.run)
-    assert run.status == "succeeded" and target.count(parked.path) == 1
+    assert run.status == "succeeded"
+    assert target.count(parked.path) == 1
     assert Approval.objects.get(pk=approval.pk).status == ApprovalStatus.CONSUMED
 
     # Put the run back in front of the step, and the spent approval back to "approved".
-    Run.objects.filter(pk=run.pk).update(status="awaiting_approval", step_index=0, finished_at=None, output=None)
+    Run.objects.filter(pk=run.pk).update(
+        status="awaiting_approval", step_index=0, finished_at=None, output=None
+    )
     StepRun.objects.filter(run=run).update(status="awaiting_approval")
     Approval.objects.filter(pk=approval.pk).update(status="approved")
     run = drive.resume(run)
 
     assert target.count(parked.path) == 1
-    assert run.status == "failed" and run.error["code"] == "POLICY_VIOLATION"
+    assert run.status == "failed"
+    assert run.error["code"] == "POLICY_VIOLATION"
     assert "approval.replay_refused" in audit_types(run.trace_id)
     assert Approval.objects.get(pk=approval.pk).status == ApprovalStatus.INVALIDATED
 
@@ -160,14 +170,19 @@ def test_consumed_approval_is_never_reused_a_fresh_one_is_requested(drive, peopl
 
     again = gate.check_step(request)
 
-    assert again.status == "pending" and again.created
+    assert again.status == "pending"
+    assert again.created
     assert again.approval_id != str(approval.pk)
 
 
 def test_config_changed_after_approval_asks_again_and_does_not_run(drive, people, target, path_for):
     approved_path, other_path = path_for("approved"), path_for("swapped")
     doc = definition(
-        {"step_id": "remove_item", "action": "http_request", "config": {"method": "POST", "url": "{{ inputs.url }}"}},
+        {
+            "step_id": "remove_item",
+            "action": "http_request",
+            "config": {"method": "POST", "url": "{{ inputs.url }}"},
+        },
         inputs_schema={"type": "object", "properties": {"url": {"type": "string"}}},
     )
     run = drive.start(drive.automation(doc), inputs={"url": target.url(approved_path)})
@@ -177,19 +192,27 @@ def test_config_changed_after_approval_asks_again_and_does_not_run(drive, people
     run = drive.resume(run)
 
     assert run.status == "awaiting_approval"
-    assert target.count(approved_path) == 0 and target.count(other_path) == 0
+    assert target.count(approved_path) == 0
+    assert target.count(other_path) == 0
     assert Approval.objects.get(pk=old.pk).status == ApprovalStatus.INVALIDATED
     fresh = drive.approval(run)
-    assert fresh.pk != old.pk and fresh.status == ApprovalStatus.PENDING
+    assert fresh.pk != old.pk
+    assert fresh.status == ApprovalStatus.PENDING
     assert fresh.what["url"] == target.url(other_path)
     invalidated = AuditEvent.objects.get(trace_id=run.trace_id, type="approval.invalidated")
     assert invalidated.payload["reason"] == "plan_changed"
 
 
-def test_config_changed_and_plan_hash_forged_on_the_row_is_refused_by_the_token(drive, people, target, path_for):
+def test_config_changed_and_plan_hash_forged_on_the_row_is_refused_by_the_token(
+    drive, people, target, path_for
+):
     approved_path, other_path = path_for("approved"), path_for("swapped")
     doc = definition(
-        {"step_id": "remove_item", "action": "http_request", "config": {"method": "POST", "url": "{{ inputs.url }}"}},
+        {
+            "step_id": "remove_item",
+            "action": "http_request",
+            "config": {"method": "POST", "url": "{{ inputs.url }}"},
+        },
         inputs_schema={"type": "object", "properties": {"url": {"type": "string"}}},
     )
     run = drive.start(drive.automation(doc), inputs={"url": target.url(approved_path)})

@@ -45,7 +45,8 @@ def test_minted_token_verifies_and_carries_its_bindings():
 
     assert payload == {**BOUND, "nonce": "n-1", "exp": int((NOW + timedelta(minutes=5)).timestamp()),
                        "kid": signing.current_key_id(), "kind": tokens.TOKEN_KIND, "v": 1}  # fmt: skip
-    assert token.count(".") == 1 and "=" not in token
+    assert token.count(".") == 1
+    assert "=" not in token
 
 
 @pytest.mark.parametrize(
@@ -116,7 +117,9 @@ def test_another_kind_of_signed_statement_is_not_a_token():
     """An audit checkpoint signature (same key, other ``kind``) cannot pass as an approval token."""
     from audit.checkpoints import checkpoint_bytes
 
-    data = checkpoint_bytes(chain="ws-1", seq=3, head_hash="d" * 64, created_at="2030-01-01T00:00:00.000000+00:00")
+    data = checkpoint_bytes(
+        chain="ws-1", seq=3, head_hash="d" * 64, created_at="2030-01-01T00:00:00.000000+00:00"
+    )
     _, signature = signing.sign(data)
 
     with pytest.raises(tokens.TokenInvalid) as refused:

@@ -230,3 +230,49 @@ def test_checkpoint_task_signs_moved_chains():
     assert audit_checkpoint.run() == 1
     assert audit_checkpoint.run() == 0
     assert AuditCheckpoint.objects.get().seq == 3
+
+
+# --- the admin --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def admin_client_(db, client):
+    from django.contrib.auth import get_user_model
+
+    admin = get_user_model().objects.create_superuser("root", "root@example.com", "pw")
+    client.force_login(admin)
+    return client
+
+
+def test_admin_ledger_is_read_only(admin_client_):
+    event = writer.append(trace_id="trace-x", type="test.admin", summary="shown in admin")
+    listing = admin_client_.get("/admin/audit/auditevent/?q=trace-x")
+    assert listing.status_code == 200
+    assert b"shown in admin" in listing.content
+    assert admin_client_.get("/admin/audit/auditevent/add/").status_code == 403
+    detail = admin_client_.get(f"/admin/audit/auditevent/{event.id}/change/")
+    assert detail.status_code == 200 and b'name="_save"' not in detail.content
+    assert admin_client_.get(f"/admin/audit/auditevent/{event.id}/delete/").status_code == 403
+
+
+def test_admin_verify_chain_action_reports_the_result(admin_client_, tamper):
+    events = _ledger(3)
+    data = {"action": "verify_chain", "_selected_action": [events[0].id]}
+    page = admin_client_.post("/admin/audit/auditevent/", data, follow=True)
+    assert b"Chain intact: 3 events" in page.content
+    tamper.set_payload(events[1].id, {"i": "forged"})
+    page = admin_client_.post("/admin/audit/auditevent/", data, follow=True)
+    assert f"event id {events[1].id} ".encode() in page.content
+
+
+def test_admin_writes_checkpoints_on_demand(admin_client_):
+    _ledger(2)
+    assert b"Write checkpoint now" in admin_client_.get("/admin/audit/auditcheckpoint/").content
+    page = admin_client_.post("/admin/audit/auditcheckpoint/write-now/", follow=True)
+    assert b"1 checkpoint(s) written" in page.content
+    (checkpoint,) = AuditCheckpoint.objects.all()
+    _ledger(1)
+    data = {"action": "write_checkpoint_now", "_selected_action": [checkpoint.id]}
+    page = admin_client_.post("/admin/audit/auditcheckpoint/", data, follow=True)
+    assert b"1 checkpoint(s) written" in page.content
+    assert AuditCheckpoint.objects.count() == 2

@@ -91,7 +91,12 @@ class Recorder(BaseHTTPRequestHandler):
         server = self.server
         with server.lock:
             server.requests.append(
-                {"method": self.command, "path": self.path, "headers": dict(self.headers), "body": body.decode()}
+                {
+                    "method": self.command,
+                    "path": self.path,
+                    "headers": dict(self.headers),
+                    "body": body.decode(),
+                }
             )
             status = server.statuses.pop(0) if server.statuses else 200
         if server.block is not None:

@@ -36,75 +36,234 @@ def step(i):
 INVALID = [
     ("not an object", ["a list"], "/", "schema_violation"),
     ("missing plan", {"schema_version": "1.0", "name": "x"}, "/", "schema_violation"),
-    ("wrong schema version", with_change(lambda b: b.update(schema_version="2.0")), "/schema_version", "schema_violation"),
+    (
+        "wrong schema version",
+        with_change(lambda b: b.update(schema_version="2.0")),
+        "/schema_version",
+        "schema_violation",
+    ),
     ("empty name", with_change(lambda b: b.update(name="")), "/name", "schema_violation"),
     ("unknown top-level key", with_change(lambda b: b.update(code="import os")), "/", "schema_violation"),
     ("empty plan", with_change(lambda b: b.update(plan=[])), "/plan", "schema_violation"),
-    ("bad step id", with_change(lambda b: b["plan"][0].update(step_id="../etc")), "/plan/0/step_id", "schema_violation"),
-    ("duplicate step id", with_change(lambda b: b["plan"][1].update(step_id="fetch")), "/plan/1/step_id",
-     "duplicate_step_id"),
-    ("unknown action", with_change(lambda b: b["plan"][0].update(action="rm_rf")), "/plan/0/action", "unknown_action"),
-    ("config for another action", with_change(lambda b: b["plan"][0].update(config={"method": "GET"})),
-     "/plan/0/config", "schema_violation"),
-    ("bad http method", with_change(lambda b: b["plan"][1]["config"].update(method="BREW")),
-     "/plan/1/config/method", "schema_violation"),
-    ("template syntax error", with_change(lambda b: b["plan"][0]["config"].update(output="{{ inputs.n ")),
-     "/plan/0/config/output", "TEMPLATE_ERROR"),
-    ("dunder access", with_change(lambda b: b["plan"][0]["config"].update(output="{{ inputs.__class__ }}")),
-     "/plan/0/config/output", "TEMPLATE_ERROR"),
-    ("str.format escape", with_change(lambda b: b["plan"][0]["config"].update(output="{{ 'x'.format(inputs) }}")),
-     "/plan/0/config/output", "TEMPLATE_ERROR"),
-    ("range global", with_change(lambda b: b["plan"][0]["config"].update(output="{{ range(10) }}")),
-     "/plan/0/config/output", "TEMPLATE_ERROR"),
-    ("string bomb", with_change(lambda b: b["plan"][0]["config"].update(output="{{ 'a' * 999999999 }}")),
-     "/plan/0/config/output", "TEMPLATE_LIMIT"),
-    ("power bomb", with_change(lambda b: b["plan"][0]["config"].update(output="{{ 10 ** 100000000 }}")),
-     "/plan/0/config/output", "TEMPLATE_LIMIT"),
-    ("oversized template", with_change(lambda b: b["plan"][0]["config"].update(output="{{ 1 }}" + "x" * 9000)),
-     "/plan/0/config/output", "TEMPLATE_LIMIT"),
-    ("forbidden filter", with_change(lambda b: b["plan"][0]["config"].update(output="{{ inputs | attr('x') }}")),
-     "/plan/0/config/output", "TEMPLATE_ERROR"),
-    ("output used before defined", with_change(lambda b: b["plan"][0]["config"].update(output="{{ orders.n }}")),
-     "/plan/0/config/output", "undefined_reference"),
-    ("when on undefined name", with_change(lambda b: b["plan"][1].update(when="{{ nope }}")), "/plan/1/when",
-     "undefined_reference"),
-    ("reserved output name", with_change(lambda b: b["plan"][0].update(output_as="inputs")), "/plan/0/output_as",
-     "reserved_name"),
-    ("negative retries", with_change(lambda b: b["plan"][0].update(max_retries=-1)), "/plan/0/max_retries",
-     "schema_violation"),
-    ("huge timeout", with_change(lambda b: b["plan"][0].update(timeout_seconds=99999)), "/plan/0/timeout_seconds",
-     "schema_violation"),
-    ("unknown autonomy", with_change(lambda b: b["execution"].update(autonomy="A9")), "/execution/autonomy",
-     "schema_violation"),
-    ("unknown concurrency", with_change(lambda b: b["execution"].update(concurrency="yolo")),
-     "/execution/concurrency", "schema_violation"),
-    ("invalid input schema", with_change(lambda b: b["inputs"].update(schema={"type": "nope"})), "/inputs/schema",
-     "invalid_input_schema"),
-    ("unknown default token", with_change(lambda b: b["inputs"]["schema"]["properties"]["n"].update(default="$boom")),
-     "/inputs/schema/properties/n/default", "unknown_token"),
-    ("bad cron", with_change(lambda b: b.update(triggers=[{"key": "t", "type": "schedule", "config": {"cron": "61 * * * *"}}])),
-     "/triggers/0/config/cron", "invalid_cron"),
-    ("every second cron", with_change(lambda b: b.update(triggers=[{"key": "t", "type": "schedule",
-                                                                     "config": {"cron": "* * * * * *"}}])),
-     "/triggers/0/config/cron", "invalid_cron"),
-    ("bad timezone", with_change(lambda b: b.update(triggers=[{"key": "t", "type": "schedule",
-                                                                "config": {"cron": "0 9 * * *", "timezone": "Mars/Base"}}])),
-     "/triggers/0/config/timezone", "invalid_timezone"),
-    ("duplicate trigger key", with_change(lambda b: b.update(triggers=[{"key": "t", "type": "webhook"},
-                                                                         {"key": "t", "type": "webhook"}])),
-     "/triggers/1/key", "duplicate_trigger_key"),
-    ("unknown trigger type", with_change(lambda b: b.update(triggers=[{"key": "t", "type": "carrier-pigeon"}])),
-     "/triggers/0/type", "schema_violation"),
-    ("invalid filter", with_change(lambda b: b.update(triggers=[{"key": "t", "type": "event", "config": {
-        "event_type": "files.added", "filter": {"path": "payload.x", "regex": "(a)\\1"}}}])),
-     "/triggers/0/config/filter", "invalid_regex"),
-    ("unknown capability", with_change(lambda b: b["plan"].append(
-        {"step_id": "cap", "action": "call_capability", "config": {"capability": "nope.nothing", "args": {}}})),
-     "/plan/2/config/capability", "unknown_capability"),
-    ("unknown credential", with_change(lambda b: b["plan"][1]["config"].update(credential="missing-cred")),
-     "/plan/1/config/credential", "unknown_credential"),
-    ("bad jmespath", with_change(lambda b: b["plan"][0]["config"].update(jmespath="[[[")), "/plan/0/config",
-     "invalid_jmespath"),
+    (
+        "bad step id",
+        with_change(lambda b: b["plan"][0].update(step_id="../etc")),
+        "/plan/0/step_id",
+        "schema_violation",
+    ),
+    (
+        "duplicate step id",
+        with_change(lambda b: b["plan"][1].update(step_id="fetch")),
+        "/plan/1/step_id",
+        "duplicate_step_id",
+    ),
+    (
+        "unknown action",
+        with_change(lambda b: b["plan"][0].update(action="rm_rf")),
+        "/plan/0/action",
+        "unknown_action",
+    ),
+    (
+        "config for another action",
+        with_change(lambda b: b["plan"][0].update(config={"method": "GET"})),
+        "/plan/0/config",
+        "schema_violation",
+    ),
+    (
+        "bad http method",
+        with_change(lambda b: b["plan"][1]["config"].update(method="BREW")),
+        "/plan/1/config/method",
+        "schema_violation",
+    ),
+    (
+        "template syntax error",
+        with_change(lambda b: b["plan"][0]["config"].update(output="{{ inputs.n ")),
+        "/plan/0/config/output",
+        "TEMPLATE_ERROR",
+    ),
+    (
+        "dunder access",
+        with_change(lambda b: b["plan"][0]["config"].update(output="{{ inputs.__class__ }}")),
+        "/plan/0/config/output",
+        "TEMPLATE_ERROR",
+    ),
+    (
+        "str.format escape",
+        with_change(lambda b: b["plan"][0]["config"].update(output="{{ 'x'.format(inputs) }}")),
+        "/plan/0/config/output",
+        "TEMPLATE_ERROR",
+    ),
+    (
+        "range global",
+        with_change(lambda b: b["plan"][0]["config"].update(output="{{ range(10) }}")),
+        "/plan/0/config/output",
+        "TEMPLATE_ERROR",
+    ),
+    (
+        "string bomb",
+        with_change(lambda b: b["plan"][0]["config"].update(output="{{ 'a' * 999999999 }}")),
+        "/plan/0/config/output",
+        "TEMPLATE_LIMIT",
+    ),
+    (
+        "power bomb",
+        with_change(lambda b: b["plan"][0]["config"].update(output="{{ 10 ** 100000000 }}")),
+        "/plan/0/config/output",
+        "TEMPLATE_LIMIT",
+    ),
+    (
+        "oversized template",
+        with_change(lambda b: b["plan"][0]["config"].update(output="{{ 1 }}" + "x" * 9000)),
+        "/plan/0/config/output",
+        "TEMPLATE_LIMIT",
+    ),
+    (
+        "forbidden filter",
+        with_change(lambda b: b["plan"][0]["config"].update(output="{{ inputs | attr('x') }}")),
+        "/plan/0/config/output",
+        "TEMPLATE_ERROR",
+    ),
+    (
+        "output used before defined",
+        with_change(lambda b: b["plan"][0]["config"].update(output="{{ orders.n }}")),
+        "/plan/0/config/output",
+        "undefined_reference",
+    ),
+    (
+        "when on undefined name",
+        with_change(lambda b: b["plan"][1].update(when="{{ nope }}")),
+        "/plan/1/when",
+        "undefined_reference",
+    ),
+    (
+        "reserved output name",
+        with_change(lambda b: b["plan"][0].update(output_as="inputs")),
+        "/plan/0/output_as",
+        "reserved_name",
+    ),
+    (
+        "negative retries",
+        with_change(lambda b: b["plan"][0].update(max_retries=-1)),
+        "/plan/0/max_retries",
+        "schema_violation",
+    ),
+    (
+        "huge timeout",
+        with_change(lambda b: b["plan"][0].update(timeout_seconds=99999)),
+        "/plan/0/timeout_seconds",
+        "schema_violation",
+    ),
+    (
+        "unknown autonomy",
+        with_change(lambda b: b["execution"].update(autonomy="A9")),
+        "/execution/autonomy",
+        "schema_violation",
+    ),
+    (
+        "unknown concurrency",
+        with_change(lambda b: b["execution"].update(concurrency="yolo")),
+        "/execution/concurrency",
+        "schema_violation",
+    ),
+    (
+        "invalid input schema",
+        with_change(lambda b: b["inputs"].update(schema={"type": "nope"})),
+        "/inputs/schema",
+        "invalid_input_schema",
+    ),
+    (
+        "unknown default token",
+        with_change(lambda b: b["inputs"]["schema"]["properties"]["n"].update(default="$boom")),
+        "/inputs/schema/properties/n/default",
+        "unknown_token",
+    ),
+    (
+        "bad cron",
+        with_change(
+            lambda b: b.update(triggers=[{"key": "t", "type": "schedule", "config": {"cron": "61 * * * *"}}])
+        ),
+        "/triggers/0/config/cron",
+        "invalid_cron",
+    ),
+    (
+        "every second cron",
+        with_change(
+            lambda b: b.update(triggers=[{"key": "t", "type": "schedule", "config": {"cron": "* * * * * *"}}])
+        ),
+        "/triggers/0/config/cron",
+        "invalid_cron",
+    ),
+    (
+        "bad timezone",
+        with_change(
+            lambda b: b.update(
+                triggers=[
+                    {"key": "t", "type": "schedule", "config": {"cron": "0 9 * * *", "timezone": "Mars/Base"}}
+                ]
+            )
+        ),
+        "/triggers/0/config/timezone",
+        "invalid_timezone",
+    ),
+    (
+        "duplicate trigger key",
+        with_change(
+            lambda b: b.update(triggers=[{"key": "t", "type": "webhook"}, {"key": "t", "type": "webhook"}])
+        ),
+        "/triggers/1/key",
+        "duplicate_trigger_key",
+    ),
+    (
+        "unknown trigger type",
+        with_change(lambda b: b.update(triggers=[{"key": "t", "type": "carrier-pigeon"}])),
+        "/triggers/0/type",
+        "schema_violation",
+    ),
+    (
+        "invalid filter",
+        with_change(
+            lambda b: b.update(
+                triggers=[
+                    {
+                        "key": "t",
+                        "type": "event",
+                        "config": {
+                            "event_type": "files.added",
+                            "filter": {"path": "payload.x", "regex": "(a)\\1"},
+                        },
+                    }
+                ]
+            )
+        ),
+        "/triggers/0/config/filter",
+        "invalid_regex",
+    ),
+    (
+        "unknown capability",
+        with_change(
+            lambda b: b["plan"].append(
+                {
+                    "step_id": "cap",
+                    "action": "call_capability",
+                    "config": {"capability": "nope.nothing", "args": {}},
+                }
+            )
+        ),
+        "/plan/2/config/capability",
+        "unknown_capability",
+    ),
+    (
+        "unknown credential",
+        with_change(lambda b: b["plan"][1]["config"].update(credential="missing-cred")),
+        "/plan/1/config/credential",
+        "unknown_credential",
+    ),
+    (
+        "bad jmespath",
+        with_change(lambda b: b["plan"][0]["config"].update(jmespath="[[[")),
+        "/plan/0/config",
+        "invalid_jmespath",
+    ),
 ]
 
 
@@ -185,7 +344,12 @@ def test_viewer_cannot_create_and_outsider_cannot_see(api, workspace, viewer, ou
     assert stranger.get(f"/api/v1/automations/{created['id']}").status_code == 404
     assert stranger.get("/api/v1/automations").json()["count"] == 0
     assert stranger.post(f"/api/v1/automations/{created['id']}/run", {}, format="json").status_code == 404
-    assert stranger.patch(f"/api/v1/automations/{created['id']}", {"status": "paused"}, format="json").status_code == 404
+    assert (
+        stranger.patch(
+            f"/api/v1/automations/{created['id']}", {"status": "paused"}, format="json"
+        ).status_code
+        == 404
+    )
 
 
 def test_unauthenticated_requests_get_json_401(client):

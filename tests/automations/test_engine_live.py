@@ -52,7 +52,9 @@ def test_three_step_automation_end_to_end(celery_workers, workspace, owner, http
     api = client_for(owner)
     created = api.post("/api/v1/automations", body, format="json")
     assert created.status_code == 201, created.json()
-    fired = api.post(f"/api/v1/automations/{created.json()['id']}/run", {"customer": "ada", "total": 42}, format="json")
+    fired = api.post(
+        f"/api/v1/automations/{created.json()['id']}/run", {"customer": "ada", "total": 42}, format="json"
+    )
     assert fired.status_code == 202
     run_id = fired.json()["run_id"]
     wait_for(lambda: run_status(run_id) in RESTING, what="the run to finish")
@@ -63,7 +65,9 @@ def test_three_step_automation_end_to_end(celery_workers, workspace, owner, http
     assert run["steps"][2]["output"]["data"]["status"] == 200
     assert http_server.requests[0]["body"] == '{"text":"ada ordered 42"}'
     started = AuditEvent.objects.get(trace_id=run["trace_id"], type="run.started")
-    assert started.actor.startswith("worker:") and not started.actor.endswith(f":{os.getpid()}")  # a worker ran it
+    assert started.actor.startswith("worker:") and not started.actor.endswith(
+        f":{os.getpid()}"
+    )  # a worker ran it
 
     trace = api.get(f"/api/v1/audit?trace_id={run['trace_id']}").json()["results"]
     assert [e["type"] for e in trace][:9] == [
@@ -114,7 +118,11 @@ def test_killed_workers_lose_no_run_and_repeat_no_side_effect(worker_factory, wo
             wait_for(lambda: Run.objects.filter(pk=run.pk, lease_expires_at__lt=timezone.now()).exists()
                      or run_status(run.pk) in RESTING, timeout=60, what="the lease to expire")  # fmt: skip
             services.runs_sweep()
-        wait_for(lambda: run_status(run.pk) in RESTING, timeout=60, what=f"run {iteration} ({mode}) to come to rest")
+        wait_for(
+            lambda: run_status(run.pk) in RESTING,
+            timeout=60,
+            what=f"run {iteration} ({mode}) to come to rest",
+        )
 
     statuses = {str(pk): run_status(pk) for pk in run_ids}
     assert set(statuses.values()) <= {RunStatus.SUCCEEDED, RunStatus.NEEDS_ATTENTION}, statuses
@@ -122,7 +130,9 @@ def test_killed_workers_lose_no_run_and_repeat_no_side_effect(worker_factory, wo
     assert len(keys) == len(set(keys)), "a side effect was executed twice"
     executed_per_run = {}
     for step in StepRun.objects.filter(run_id__in=run_ids, step_id="charge"):
-        executed_per_run[step.run_id] = sum(1 for r in http_server.requests if r["headers"].get("Idempotency-Key") == step.idempotency_key)
+        executed_per_run[step.run_id] = sum(
+            1 for r in http_server.requests if r["headers"].get("Idempotency-Key") == step.idempotency_key
+        )
         assert executed_per_run[step.run_id] <= 1
     for pk, status in statuses.items():
         if status == RunStatus.NEEDS_ATTENTION:

@@ -31,7 +31,9 @@ def post(step_id, url, **extra):
 
 
 def trace_types(run):
-    return list(AuditEvent.objects.filter(trace_id=run.trace_id).order_by("id").values_list("type", flat=True))
+    return list(
+        AuditEvent.objects.filter(trace_id=run.trace_id).order_by("id").values_list("type", flat=True)
+    )
 
 
 def test_outputs_chain_and_when_skips(workspace, drive, api):
@@ -40,7 +42,9 @@ def test_outputs_chain_and_when_skips(workspace, drive, api):
         transform("a", {"items": "{{ inputs.items }}"}, output_as="a"),
         transform("b", "never", when="{{ a.items | length > 5 }}"),
         transform("c", {"count": "{{ a.items | length }}", "first": "{{ a.items | first }}"}, output_as="c"),
-        inputs={"schema": {"type": "object", "properties": {"items": {"type": "array"}}, "required": ["items"]}},
+        inputs={
+            "schema": {"type": "object", "properties": {"items": {"type": "array"}}, "required": ["items"]}
+        },
     )
     run = drive(start(automation, {"items": [3, 1, 2]}).pk)
     assert run.status == RunStatus.SUCCEEDED
@@ -138,10 +142,14 @@ def test_budget_cap_refuses_at_dispatch_when_estimate_exceeds_it(workspace, api,
 
     automation = create(workspace, transform("a", 1), execution={"budget_cap_usd": 0.01})
     monkeypatch.setattr(
-        transform_data.ACTION, "describe",
+        transform_data.ACTION,
+        "describe",
         lambda config: __import__("dataclasses").replace(
-            transform_data.ACTION.describe.__wrapped__(config) if hasattr(transform_data.ACTION.describe, "__wrapped__")
-            else transform_data.describe(config), cost_estimate=lambda args: __import__("decimal").Decimal("0.50")),
+            transform_data.ACTION.describe.__wrapped__(config)
+            if hasattr(transform_data.ACTION.describe, "__wrapped__")
+            else transform_data.describe(config),
+            cost_estimate=lambda args: __import__("decimal").Decimal("0.50"),
+        ),
     ) if False else None  # noqa: B018 - see test_budget_uses_capability_estimates below
     response = api.post(f"/api/v1/automations/{automation.pk}/run", {}, format="json")
     assert response.status_code == 202  # transform_data costs nothing, so it fits the cap
@@ -198,13 +206,23 @@ def test_concurrency_key_serialises_per_customer_only(workspace):
         execution={"concurrency": "queue", "concurrency_key": "{{ inputs.customer }}"},
         inputs={"schema": {"type": "object", "properties": {"customer": {"type": "string"}}}},
     )  # fmt: skip
-    a1, a2, b1 = start(automation, {"customer": "a"}), start(automation, {"customer": "a"}), start(automation, {"customer": "b"})
-    assert (a1.enqueued_at is not None, a2.enqueued_at is not None, b1.enqueued_at is not None) == (True, False, True)
+    a1, a2, b1 = (
+        start(automation, {"customer": "a"}),
+        start(automation, {"customer": "a"}),
+        start(automation, {"customer": "b"}),
+    )
+    assert (a1.enqueued_at is not None, a2.enqueued_at is not None, b1.enqueued_at is not None) == (
+        True,
+        False,
+        True,
+    )
     assert a2.concurrency_key == "a"
 
 
 def test_allow_parallel_with_max_concurrent(workspace):
-    automation = create(workspace, transform("a", 1), execution={"concurrency": "allow_parallel", "max_concurrent": 2})
+    automation = create(
+        workspace, transform("a", 1), execution={"concurrency": "allow_parallel", "max_concurrent": 2}
+    )
     runs = [start(automation) for _ in range(3)]
     assert [r.enqueued_at is not None for r in runs] == [True, True, False]
 
@@ -216,8 +234,13 @@ def test_rerun_from_step_reuses_earlier_outputs(workspace, drive, api):
     response = api.post(f"/api/v1/runs/{original.pk}/rerun", {"from_step": "b"}, format="json")
     assert response.status_code == 202
     rerun = drive(response.json()["run_id"])
-    assert rerun.status == RunStatus.SUCCEEDED and rerun.output == "one-b" and rerun.parent_run_id == original.pk
-    assert StepRun.objects.get(run=rerun, step_id="a").started_at == StepRun.objects.get(run=original, step_id="a").started_at
+    assert (
+        rerun.status == RunStatus.SUCCEEDED and rerun.output == "one-b" and rerun.parent_run_id == original.pk
+    )
+    assert (
+        StepRun.objects.get(run=rerun, step_id="a").started_at
+        == StepRun.objects.get(run=original, step_id="a").started_at
+    )
     bad = api.post(f"/api/v1/runs/{original.pk}/rerun", {"from_step": "zzz"}, format="json")
     assert bad.status_code == 400
 

@@ -146,8 +146,25 @@ class HttpMcpServer:
         return self.notes.read_text().splitlines() if self.notes.exists() else []
 
 
+@pytest.fixture(scope="module")
+def _shared_mcp_http(tmp_path_factory) -> Iterator[HttpMcpServer]:
+    server = HttpMcpServer(tmp_path_factory.mktemp("mcp") / "notes.txt").start()
+    yield server
+    server.stop()
+
+
 @pytest.fixture
-def mcp_http(tmp_path) -> Iterator[HttpMcpServer]:
+def mcp_http(_shared_mcp_http) -> HttpMcpServer:
+    """The module's HTTP MCP server (default variant), with no notes written yet. Do not stop or restart it."""
+    if _shared_mcp_http.process is None or _shared_mcp_http.process.poll() is not None:
+        _shared_mcp_http.start()
+    _shared_mcp_http.notes.unlink(missing_ok=True)
+    return _shared_mcp_http
+
+
+@pytest.fixture
+def own_mcp_http(tmp_path) -> Iterator[HttpMcpServer]:
+    """An HTTP MCP server of the test's own, free to stop or restart with another variant."""
     server = HttpMcpServer(tmp_path / "notes.txt").start()
     yield server
     server.stop()

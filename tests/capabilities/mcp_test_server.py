@@ -45,7 +45,6 @@ if VARIANT != "fewer":
             handle.write(text.replace("\n", " ") + "\n")
         return {"written": True, "count": len(notes.read_text().splitlines())}
 
-
     @server.tool(annotations=ToolAnnotations(readOnlyHint=False))
     async def slow_note(text: str, seconds: float) -> dict:
         """Wait, then append a note (for timeouts after the call was sent)."""

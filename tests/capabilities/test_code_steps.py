@@ -90,7 +90,9 @@ print(json.dumps({"total": previous["doubled"] + previous["count"], "argv": sys.
 
     run = run_to_rest(
         workspace,
-        python("calc", source, config={"input": {"x": "{{ inputs.x }}", "items": [1, 2, 3]}}, output_as="calc"),
+        python(
+            "calc", source, config={"input": {"x": "{{ inputs.x }}", "items": [1, 2, 3]}}, output_as="calc"
+        ),
         python("use", follow_up, config={"input": "{{ calc }}", "args": ["{{ calc.doubled }}"]}),
         given={"x": 21},
         inputs={"schema": inputs_schema},
@@ -142,8 +144,15 @@ def test_failing_script_reports_its_exit_status_and_keeps_its_stderr_tail(worksp
 
     failed = step_of(run, "broken")
     assert run.status == RunStatus.FAILED
-    assert run.error == {"code": "INVALID_ARGUMENT", "message": "the script exited with status 3", "step_id": "broken"}
-    assert (failed.error_code, failed.error_message) == ("INVALID_ARGUMENT", "the script exited with status 3")
+    assert run.error == {
+        "code": "INVALID_ARGUMENT",
+        "message": "the script exited with status 3",
+        "step_id": "broken",
+    }
+    assert (failed.error_code, failed.error_message) == (
+        "INVALID_ARGUMENT",
+        "the script exited with status 3",
+    )
     assert failed.output["data"]["exit_code"] == 3
     assert failed.output["data"]["stderr_tail"] == "bad row 17\n"
     assert failed.output["data"]["stdout_tail"] == "partial work\n"
@@ -271,14 +280,18 @@ INVALID = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("config", "path", "code"), [case[1:] for case in INVALID], ids=[c[0] for c in INVALID])
+@pytest.mark.parametrize(
+    ("config", "path", "code"), [case[1:] for case in INVALID], ids=[c[0] for c in INVALID]
+)
 def test_invalid_python_config_is_refused_at_save_with_path_and_code(workspace, config, path, code):
     step = {"step_id": "s", "action": "run_python", "config": config}
 
     with pytest.raises(DefinitionInvalid) as raised:
         automation_create(workspace=workspace, definition=definition(step))
 
-    assert (f"/plan/0/config{path}", code) in {(e["path"], e["code"]) for e in raised.value.errors}, raised.value.errors
+    assert (f"/plan/0/config{path}", code) in {(e["path"], e["code"]) for e in raised.value.errors}, (
+        raised.value.errors
+    )
 
 
 def test_shell_script_that_looks_like_a_template_is_refused_at_save(workspace):
@@ -365,7 +378,9 @@ ROUTING = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("step_fields", "config", "queue"), [c[1:] for c in ROUTING], ids=[c[0] for c in ROUTING])
+@pytest.mark.parametrize(
+    ("step_fields", "config", "queue"), [c[1:] for c in ROUTING], ids=[c[0] for c in ROUTING]
+)
 def test_code_step_run_is_queued_by_its_declared_duration(workspace, step_fields, config, queue):
     step = python("s", "print(1)", config=config, **step_fields)
 

@@ -40,7 +40,9 @@ def _raw_rows() -> str:
 
 
 def test_credential_is_encrypted_at_rest_and_resolves_at_call_time(workspace, owner):
-    credentials.credential_create(workspace=workspace, name="api", kind="bearer", secret={"token": TOKEN}, user=owner)
+    credentials.credential_create(
+        workspace=workspace, name="api", kind="bearer", secret={"token": TOKEN}, user=owner
+    )
 
     raw = _raw_rows()
     assert TOKEN not in raw
@@ -55,7 +57,11 @@ def test_credential_is_encrypted_at_rest_and_resolves_at_call_time(workspace, ow
 
 def test_every_change_is_audited_without_the_value(workspace, owner):
     credential = credentials.credential_create(
-        workspace=workspace, name="basic-auth", kind="basic", secret={"username": "svc", "password": TOKEN}, user=owner
+        workspace=workspace,
+        name="basic-auth",
+        kind="basic",
+        secret={"username": "svc", "password": TOKEN},
+        user=owner,
     )
     credentials.credential_update_secret(
         credential=credential, secret={"username": "svc", "password": TOKEN + "-v2"}, user=owner
@@ -82,16 +88,22 @@ def test_every_change_is_audited_without_the_value(workspace, owner):
 )
 def test_invalid_credentials_are_refused_without_echoing_values(workspace, kind, secret, metadata, fragment):
     with pytest.raises(CredentialError) as caught:
-        credentials.credential_create(workspace=workspace, name="c1", kind=kind, secret=secret, metadata=metadata)
+        credentials.credential_create(
+            workspace=workspace, name="c1", kind=kind, secret=secret, metadata=metadata
+        )
     assert fragment in caught.value.message
     assert not Credential.objects.exists()
 
 
 def test_names_are_unique_per_workspace_only(workspace, other_workspace):
     credentials.credential_create(workspace=workspace, name="api", kind="bearer", secret={"token": TOKEN})
-    credentials.credential_create(workspace=other_workspace, name="api", kind="bearer", secret={"token": "other"})
+    credentials.credential_create(
+        workspace=other_workspace, name="api", kind="bearer", secret={"token": "other"}
+    )
     with pytest.raises(CredentialError) as caught:
-        credentials.credential_create(workspace=workspace, name="api", kind="bearer", secret={"token": "again"})
+        credentials.credential_create(
+            workspace=workspace, name="api", kind="bearer", secret={"token": "again"}
+        )
     assert caught.value.code == "CONFLICT"
     assert credentials.credential_names(workspace.id) == {"api"}
 
@@ -121,9 +133,13 @@ def test_definition_in_another_workspace_reports_unknown_credential(workspace, o
 # --- keys and rotation ---------------------------------------------------------------
 
 
-def test_rotation_reencrypts_every_row_under_the_newest_key(workspace, other_workspace, settings, credential_key):
+def test_rotation_reencrypts_every_row_under_the_newest_key(
+    workspace, other_workspace, settings, credential_key
+):
     for i, ws in enumerate([workspace, workspace, other_workspace]):
-        credentials.credential_create(workspace=ws, name=f"c{i}", kind="bearer", secret={"token": f"{TOKEN}-{i}"})
+        credentials.credential_create(
+            workspace=ws, name=f"c{i}", kind="bearer", secret={"token": f"{TOKEN}-{i}"}
+        )
     before = dict(Credential.objects.values_list("pk", "encrypted_value"))
     new_key = Fernet.generate_key().decode()
     settings.AUTOPLANE_CREDENTIAL_KEYS = [new_key, credential_key]
@@ -195,7 +211,11 @@ class _TokenEndpoint(BaseHTTPRequestHandler):
 def token_endpoint() -> Iterator[ThreadingHTTPServer]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _TokenEndpoint)
     server.requests, server.answers = [], []
-    server.default = {"access_token": "fresh-access-1234567", "expires_in": 3600, "refresh_token": "rotated-refresh-99"}
+    server.default = {
+        "access_token": "fresh-access-1234567",
+        "expires_in": 3600,
+        "refresh_token": "rotated-refresh-99",
+    }
     server.url = f"http://127.0.0.1:{server.server_address[1]}/token"
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -220,7 +240,8 @@ def test_oauth2_refreshes_a_missing_token_once_and_stores_it_encrypted(workspace
     again, _ = credentials.credential_resolve(workspace_id=workspace.id, name="oauth")
 
     assert value["access_token"] == value["token"] == "fresh-access-1234567"
-    assert "refresh_token" not in value and "client_secret" not in value
+    assert "refresh_token" not in value
+    assert "client_secret" not in value
     assert {"fresh-access-1234567", "rotated-refresh-99", "client-secret-456"} <= set(secrets)
     assert again["access_token"] == "fresh-access-1234567"
     assert len(token_endpoint.requests) == 1  # the second resolve used the stored token
@@ -229,7 +250,8 @@ def test_oauth2_refreshes_a_missing_token_once_and_stores_it_encrypted(workspace
     assert sent["refresh_token"] == ["refresh-abcdef-123"]
     assert sent["scope"] == ["read write"]
     raw = _raw_rows()
-    assert "fresh-access-1234567" not in raw and "rotated-refresh-99" not in raw
+    assert "fresh-access-1234567" not in raw
+    assert "rotated-refresh-99" not in raw
     stored = credentials.decrypt(Credential.objects.get(name="oauth").encrypted_value)
     assert stored["refresh_token"] == "rotated-refresh-99"  # the provider rotated it
     refreshed = AuditEvent.objects.get(type="credential.refreshed")
@@ -266,7 +288,9 @@ def test_oauth2_valid_token_is_used_without_a_request(workspace, token_endpoint)
 
 def test_oauth2_refused_refresh_is_a_clear_non_retryable_failure(workspace, token_endpoint):
     _oauth2(workspace, token_endpoint)
-    token_endpoint.answers.append((400, {"error": "invalid_grant", "error_description": "refresh-abcdef-123 revoked"}))
+    token_endpoint.answers.append(
+        (400, {"error": "invalid_grant", "error_description": "refresh-abcdef-123 revoked"})
+    )
 
     with pytest.raises(StepFailure) as caught:
         credentials.credential_resolve(workspace_id=workspace.id, name="oauth")
@@ -303,7 +327,12 @@ def test_oauth2_token_url_goes_through_the_ssrf_guard(workspace, token_endpoint,
 def test_api_create_and_list_never_return_the_secret(api, workspace):
     created = api.post(
         "/api/v1/credentials",
-        {"name": "api", "kind": "header", "secret": {"value": TOKEN}, "metadata": {"header_name": "X-Api-Key"}},
+        {
+            "name": "api",
+            "kind": "header",
+            "secret": {"value": TOKEN},
+            "metadata": {"header_name": "X-Api-Key"},
+        },
         format="json",
     )
     listed = api.get("/api/v1/credentials")
@@ -341,7 +370,9 @@ def test_api_validation_errors_use_the_errors_shape(api, workspace):
 
 
 def test_api_roles_viewer_lists_but_cannot_create_or_delete(workspace, owner, viewer, client_for):
-    credential = credentials.credential_create(workspace=workspace, name="api", kind="bearer", secret={"token": TOKEN})
+    credential = credentials.credential_create(
+        workspace=workspace, name="api", kind="bearer", secret={"token": TOKEN}
+    )
     client = client_for(viewer)
 
     assert client.get("/api/v1/credentials").json()["count"] == 1
@@ -355,7 +386,9 @@ def test_api_roles_viewer_lists_but_cannot_create_or_delete(workspace, owner, vi
 
 
 def test_api_other_workspace_objects_are_not_found(workspace, owner, outsider, client_for):
-    credential = credentials.credential_create(workspace=workspace, name="api", kind="bearer", secret={"token": TOKEN})
+    credential = credentials.credential_create(
+        workspace=workspace, name="api", kind="bearer", secret={"token": TOKEN}
+    )
     client = client_for(outsider)
 
     assert client.get("/api/v1/credentials").json()["count"] == 0
@@ -368,7 +401,9 @@ def test_api_other_workspace_objects_are_not_found(workspace, owner, outsider, c
 
 
 def test_api_admin_deletes(api, workspace):
-    credential = credentials.credential_create(workspace=workspace, name="api", kind="bearer", secret={"token": TOKEN})
+    credential = credentials.credential_create(
+        workspace=workspace, name="api", kind="bearer", secret={"token": TOKEN}
+    )
     response = api.delete(f"/api/v1/credentials/{credential.pk}")
     assert response.status_code == 204
     assert not Credential.objects.exists()

@@ -111,7 +111,8 @@ def test_harvest_over_http_records_untrusted_tools(workspace, mcp_http):
     assert read.input_schema["properties"]["path"]["type"] == "string"
     assert read.annotations["readOnlyHint"] is True
     server.refresh_from_db()
-    assert server.last_harvested_at is not None and server.last_error == ""
+    assert server.last_harvested_at is not None
+    assert server.last_error == ""
     assert AuditEvent.objects.filter(type="mcp.tool.added").count() == len(TOOLS)
     assert AuditEvent.objects.get(type="mcp.server.harvested").payload["new"] == len(TOOLS)
 
@@ -138,8 +139,10 @@ def test_harvested_tools_are_high_risk_capabilities_in_the_api(workspace, mcp_ht
     assert {f"files.{name}" for name in TOOLS} <= set(by_id)
     read, write = by_id["files.read_file"], by_id["files.write_note"]
     assert read["risk"] == write["risk"] == "high"
-    assert read["side_effects"] == ["read"] and read["idempotent"] is True
-    assert write["side_effects"] == ["external_write"] and write["idempotent"] is False
+    assert read["side_effects"] == ["read"]
+    assert read["idempotent"] is True
+    assert write["side_effects"] == ["external_write"]
+    assert write["idempotent"] is False
     assert read["input_schema"]["required"] == ["path"]
 
 
@@ -147,7 +150,8 @@ def test_capability_lookup_is_scoped_to_the_workspace(workspace, other_workspace
     mcp.mcp_harvest(_http(workspace, mcp_http))
 
     capability = registry.get_capability("files.read_file", workspace.id)
-    assert capability is not None and capability.risk == Risk.HIGH
+    assert capability is not None
+    assert capability.risk == Risk.HIGH
     assert capability.side_effects == frozenset({SideEffect.READ})
     assert registry.get_capability("files.read_file", other_workspace.id) is None
     assert registry.get_capability("files.nope", workspace.id) is None
@@ -222,14 +226,14 @@ def test_args_are_validated_against_the_tool_schema_before_calling(workspace, ow
     assert caught.value.errors[0]["path"] == "/plan/0/config/args/path"
 
 
-def test_a_changed_tool_is_disabled_audited_and_not_callable(workspace, owner, mcp_http, tmp_path, drive):
-    server = _http(workspace, mcp_http)
+def test_a_changed_tool_is_disabled_audited_and_not_callable(workspace, owner, own_mcp_http, tmp_path, drive):
+    server = _http(workspace, own_mcp_http)
     mcp.mcp_harvest(server)
     document = tmp_path / "doc.txt"
     document.write_text("content")
     automation = _automation(workspace, owner, _call("read", "files.read_file", {"path": str(document)}))
 
-    mcp_http.restart(variant="changed")
+    own_mcp_http.restart(variant="changed")
     result = mcp.mcp_harvest(server)
 
     assert result.changed == ["read_file"]
@@ -253,13 +257,15 @@ def test_a_changed_tool_is_disabled_audited_and_not_callable(workspace, owner, m
     assert AuditEvent.objects.filter(type="mcp.tool.approved").count() == 1
 
 
-def test_a_tool_changed_since_the_last_harvest_is_refused_at_call_time(workspace, owner, mcp_http, tmp_path, drive):
-    mcp.mcp_harvest(_http(workspace, mcp_http))
+def test_a_tool_changed_since_the_last_harvest_is_refused_at_call_time(
+    workspace, owner, own_mcp_http, tmp_path, drive
+):
+    mcp.mcp_harvest(_http(workspace, own_mcp_http))
     document = tmp_path / "doc.txt"
     document.write_text("content")
     automation = _automation(workspace, owner, _call("read", "files.read_file", {"path": str(document)}))
 
-    mcp_http.restart(variant="changed")  # no harvest in between
+    own_mcp_http.restart(variant="changed")  # no harvest in between
     run = drive(_start(automation, owner).pk)
 
     assert run.status == RunStatus.FAILED
@@ -270,11 +276,11 @@ def test_a_tool_changed_since_the_last_harvest_is_refused_at_call_time(workspace
     assert AuditEvent.objects.filter(type="mcp.tool.changed", trace_id=run.trace_id).exists()
 
 
-def test_a_tool_no_longer_offered_is_marked_removed_not_deleted(workspace, owner, mcp_http):
-    server = _http(workspace, mcp_http)
+def test_a_tool_no_longer_offered_is_marked_removed_not_deleted(workspace, owner, own_mcp_http):
+    server = _http(workspace, own_mcp_http)
     mcp.mcp_harvest(server)
 
-    mcp_http.restart(variant="fewer")
+    own_mcp_http.restart(variant="fewer")
     result = mcp.mcp_harvest(server)
 
     assert sorted(result.removed) == ["slow_note", "write_note"]
@@ -284,16 +290,16 @@ def test_a_tool_no_longer_offered_is_marked_removed_not_deleted(workspace, owner
     with pytest.raises(mcp.McpServiceError):
         mcp.mcp_tool_approve(tool=_tool("write_note"), user=owner)
 
-    mcp_http.restart()
+    own_mcp_http.restart()
     assert sorted(mcp.mcp_harvest(server).restored) == ["slow_note", "write_note"]
     assert _tool("write_note").status == McpToolStatus.ACTIVE
 
 
-def test_server_down_is_temporarily_unavailable_and_retried(workspace, owner, mcp_http, tmp_path, drive):
-    mcp.mcp_harvest(_http(workspace, mcp_http))
+def test_server_down_is_temporarily_unavailable_and_retried(workspace, owner, own_mcp_http, tmp_path, drive):
+    mcp.mcp_harvest(_http(workspace, own_mcp_http))
     automation = _automation(workspace, owner, _call("note", "files.write_note", {"text": "x"}),
                              max_retries=2, retry_backoff="none")  # fmt: skip
-    mcp_http.stop()
+    own_mcp_http.stop()
 
     run = drive(_start(automation, owner).pk)
 
@@ -305,11 +311,11 @@ def test_server_down_is_temporarily_unavailable_and_retried(workspace, owner, mc
     assert "could not reach the MCP server files" in step.error_message
     assert AuditEvent.objects.filter(trace_id=run.trace_id, type="step.retrying").count() == 2
     assert AuditEvent.objects.filter(trace_id=run.trace_id, type="mcp.call.failed").count() == 3
-    assert mcp_http.notes_written() == []
+    assert own_mcp_http.notes_written() == []
 
 
-def test_a_write_that_times_out_after_it_was_sent_is_outcome_unknown(workspace, owner, mcp_http, drive):
-    mcp.mcp_harvest(_http(workspace, mcp_http))
+def test_a_write_that_times_out_after_it_was_sent_is_outcome_unknown(workspace, owner, own_mcp_http, drive):
+    mcp.mcp_harvest(_http(workspace, own_mcp_http))
     step = _call("note", "files.slow_note", {"text": "late", "seconds": 3}, timeout_seconds=1, max_retries=3)
     automation = _automation(workspace, owner, step)
 
@@ -353,7 +359,9 @@ class _Echo(BaseHTTPRequestHandler):
     """Answers every request with the headers it received (a worst-case API that reflects secrets)."""
 
     def do_GET(self):
-        body = json.dumps({"headers": dict(self.headers), "note": f"you sent {self.headers.get('Authorization')}"})
+        body = json.dumps(
+            {"headers": dict(self.headers), "note": f"you sent {self.headers.get('Authorization')}"}
+        )
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("X-Echo-Auth", self.headers.get("Authorization", ""))
@@ -401,7 +409,11 @@ def test_credential_values_echoed_back_are_redacted_everywhere(
     assert _step(run, "over_http").output["data"]["authorization"] == "Bearer [REDACTED]"
     assert _step(run, "over_stdio").output["data"]["env"] == "[REDACTED]"
     assert _step(run, "api").output["data"]["body"]["headers"]["Authorization"] == "Bearer [REDACTED]"
-    assert run.output == {"http": "Bearer [REDACTED]", "stdio": "[REDACTED]", "api": "you sent Bearer [REDACTED]"}
+    assert run.output == {
+        "http": "Bearer [REDACTED]",
+        "stdio": "[REDACTED]",
+        "api": "you sent Bearer [REDACTED]",
+    }
     stored = json.dumps([list(row) for row in StepRun.objects.filter(run=run).values_list(
         "output", "rendered_config", "error_message")])  # fmt: skip
     assert SECRET not in stored
@@ -478,8 +490,8 @@ def test_a_risk_override_changes_the_gate(workspace, owner, mcp_http, drive):
 # --- API -------------------------------------------------------------------------------
 
 
-def test_api_register_harvest_list_approve_and_set_risk(api, workspace, mcp_http):
-    created = api.post("/api/v1/mcp-servers", {"slug": "files", "url": mcp_http.url}, format="json")
+def test_api_register_harvest_list_approve_and_set_risk(api, workspace, own_mcp_http):
+    created = api.post("/api/v1/mcp-servers", {"slug": "files", "url": own_mcp_http.url}, format="json")
     assert created.status_code == 201, created.content
     server_id = created.json()["id"]
 
@@ -491,14 +503,15 @@ def test_api_register_harvest_list_approve_and_set_risk(api, workspace, mcp_http
     assert tools["count"] == len(TOOLS)
     read = next(t for t in tools["results"] if t["name"] == "read_file")
     assert read["capability_id"] == "files.read_file"
-    assert read["risk"] == "high" and read["status"] == "active"
+    assert read["risk"] == "high"
+    assert read["status"] == "active"
 
     patched = api.patch(f"/api/v1/mcp-tools/{read['id']}", {"risk_override": "low"}, format="json")
     assert patched.status_code == 200
     assert patched.json()["risk"] == "low"
     assert registry.get_capability("files.read_file", workspace.id).risk == Risk.LOW
 
-    mcp_http.restart(variant="changed")
+    own_mcp_http.restart(variant="changed")
     assert api.post(f"/api/v1/mcp-servers/{server_id}/harvest").json()["changed"] == 1
     assert api.get(f"/api/v1/mcp-tools/{read['id']}").json()["status"] == "disabled"
     approved = api.post(f"/api/v1/mcp-tools/{read['id']}/approve")
@@ -507,9 +520,9 @@ def test_api_register_harvest_list_approve_and_set_risk(api, workspace, mcp_http
     assert approved.json()["changed_since_approval"] is False
 
 
-def test_api_harvest_failure_is_a_clean_error(api, workspace, mcp_http):
-    server = _http(workspace, mcp_http)
-    mcp_http.stop()
+def test_api_harvest_failure_is_a_clean_error(api, workspace, own_mcp_http):
+    server = _http(workspace, own_mcp_http)
+    own_mcp_http.stop()
 
     response = api.post(f"/api/v1/mcp-servers/{server.pk}/harvest")
 

@@ -163,6 +163,8 @@ django.setup()
 from django.db import connection, transaction
 
 proc = int(sys.argv[1])
+print("ready", flush=True)
+sys.stdin.readline()  # start together, or the writers would hardly overlap
 for i in range(int(sys.argv[2])):
     # read-then-write: with DEFERRED transactions two of these deadlock on the
     # lock upgrade and SQLite answers "database is locked" without waiting.
@@ -189,9 +191,14 @@ def test_concurrent_processes_write_to_sqlite_without_database_is_locked(tmp_pat
 
     writers = [
         subprocess.Popen([sys.executable, "-c", WRITER, str(n), str(per_process)], cwd=REPO, env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
         for n in range(processes)
     ]
+    for writer in writers:
+        assert writer.stdout.readline().strip() == b"ready", writer.stdout.read().decode(errors="replace")
+    for writer in writers:
+        writer.stdin.write(b"go\n")
+        writer.stdin.flush()
     outputs = [(w.wait(timeout=240), w.stdout.read().decode(errors="replace")) for w in writers]
 
     assert [code for code, _ in outputs] == [0] * processes, "\n".join(out for _, out in outputs)

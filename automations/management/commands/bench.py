@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand
+from rest_framework.test import APIClient
+
+from bench import engine_bench
+from bench.workers import Workers
+from config.celery import QUEUES
+
+
+class Command(BaseCommand):
+    help = "Benchmark the engine against a bare Celery round trip on the configured database and broker."
+
+    def add_arguments(self, parser):
+        parser.add_argument("-n", type=int, default=200, help="samples per latency figure")
+        parser.add_argument("--runs", type=int, default=800, help="runs for the throughput figure")
+        parser.add_argument("--fast-concurrency", type=int, default=2)
+        parser.add_argument("--skip", nargs="*", default=[], help="sections to skip: throughput slope isolation "
+                            "webhook events audit sandbox")  # fmt: skip
+
+    def handle(self, *args, n, runs, fast_concurrency, skip, **options):
+        from django.conf import settings
+
+        from workspaces.services import api_token_create, workspace_get_or_create
+
+        workspace = workspace_get_or_create(slug="bench")
+        token = api_token_create(username="bench", workspace_slug="bench", role="admin", actor="bench")
+
+        def client_factory() -> APIClient:
+            client = APIClient()
+            client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+            return client
+
+        self.stdout.write(f"database: {settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[1]}, "
+                          f"broker: {settings.CELERY_BROKER_URL.split(':', 1)[0]}")  # fmt: skip
+        report = engine_bench.Report()
+        concurrency = {queue: 1 for queue in QUEUES} | {"automations_fast": fast_concurrency}
+        with Workers(concurrency) as workers:
+            workers.wait_ready()
+            engine_bench.celery_baseline(report, n)
+            one = engine_bench._automation(workspace, "bench 1 step", 1)
+            engine_bench.manual_runs(report, client_factory, one, n)
+            if "throughput" not in skip:
+                engine_bench.throughput(report, client_factory, one, runs)
+            if "slope" not in skip:
+                plans = {k: engine_bench._automation(workspace, f"bench {k} steps", k) for k in (1, 10, 40)}
+                engine_bench.step_slope(report, client_factory, plans, max(20, n // 5))
+            if "isolation" not in skip:
+                engine_bench.queue_isolation(report, client_factory, one, max(20, n // 5))
