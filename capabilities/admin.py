@@ -190,6 +190,9 @@ class McpServerAdmin(admin.ModelAdmin):
         form.user = request.user
         return form
 
+    def get_inlines(self, request, obj):
+        return self.inlines if obj is not None else []
+
     def get_readonly_fields(self, request, obj=None):
         fixed = ["workspace", "slug", "transport"] if obj else []
         return [*fixed, *self.readonly_fields]

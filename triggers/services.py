@@ -24,8 +24,8 @@ from automations.models import Automation, AutomationStatus
 from . import schedules
 from .models import Trigger, TriggerType
 
-TOKEN_PREFIX = "apt_"
-SIGNING_SECRET_PREFIX = "whsec_"
+TOKEN_PREFIX = "apt_"  # noqa: S105 - a prefix, not a secret
+SIGNING_SECRET_PREFIX = "whsec_"  # noqa: S105 - a prefix, not a secret
 SIGNING_SECRET_BYTES = 32
 
 

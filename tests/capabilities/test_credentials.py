@@ -407,3 +407,51 @@ def test_api_admin_deletes(api, workspace):
     response = api.delete(f"/api/v1/credentials/{credential.pk}")
     assert response.status_code == 204
     assert not Credential.objects.exists()
+
+
+# --- admin -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def admin_client(client, django_user_model):
+    staff = django_user_model.objects.create_superuser(
+        username="root", password="pw-root", email="root@example.com"
+    )
+    client.force_login(staff)
+    return client
+
+
+def test_admin_creates_a_credential_write_only(admin_client, workspace):
+    added = admin_client.post(
+        "/admin/capabilities/credential/add/",
+        {"workspace": workspace.pk, "name": "api", "kind": "bearer", "metadata": "{}", "secret": TOKEN},
+    )
+    assert added.status_code == 302, added.content.decode()[:2000]
+    credential = Credential.objects.get(name="api")
+    assert TOKEN not in _raw_rows()
+    assert credentials.credential_resolve(workspace_id=workspace.id, name="api")[0]["token"] == TOKEN
+
+    page = admin_client.get(f"/admin/capabilities/credential/{credential.pk}/change/").content.decode()
+    listing = admin_client.get("/admin/capabilities/credential/").content.decode()
+    assert TOKEN not in page
+    assert credential.encrypted_value not in page
+    assert 'type="password"' in page
+    assert "api" in listing
+
+    kept = admin_client.post(
+        f"/admin/capabilities/credential/{credential.pk}/change/", {"metadata": "{}", "secret": ""}
+    )
+    assert kept.status_code == 302
+    assert credentials.credential_resolve(workspace_id=workspace.id, name="api")[0]["token"] == TOKEN
+    assert AuditEvent.objects.filter(type="credential.created", actor="user:root").exists()
+
+
+def test_admin_form_errors_never_echo_the_secret(admin_client, workspace):
+    response = admin_client.post(
+        "/admin/capabilities/credential/add/",
+        {"workspace": workspace.pk, "name": "hdr", "kind": "header", "metadata": "{}", "secret": TOKEN},
+    )
+    assert response.status_code == 200  # re-displayed with the error
+    assert "header_name" in response.content.decode()
+    assert TOKEN not in response.content.decode()
+    assert not Credential.objects.exists()

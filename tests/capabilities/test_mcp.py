@@ -573,3 +573,116 @@ def test_api_rejects_invalid_servers(api, workspace):
         response = api.post("/api/v1/mcp-servers", body, format="json")
         assert response.status_code == 400, body
         assert response.json()["errors"][0]["path"] == path
+
+
+# --- admin -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def admin_client(client, django_user_model):
+    staff = django_user_model.objects.create_superuser(
+        username="root", password="pw-root", email="root@example.com"
+    )
+    client.force_login(staff)
+    return client
+
+
+def test_admin_harvests_reapproves_and_sets_risk(admin_client, workspace, own_mcp_http):
+    server = _http(workspace, own_mcp_http)
+    changelist = "/admin/capabilities/mcpserver/"
+
+    harvested = admin_client.post(
+        changelist, {"action": "harvest_now", "_selected_action": [server.pk]}, follow=True
+    )
+    assert harvested.status_code == 200
+    assert McpTool.objects.filter(server=server).count() == len(TOOLS)
+
+    own_mcp_http.restart(variant="changed")
+    admin_client.post(changelist, {"action": "harvest_now", "_selected_action": [server.pk]})
+    tool = _tool("read_file")
+    assert tool.status == McpToolStatus.DISABLED
+    review = admin_client.get("/admin/capabilities/mcptool/?review=yes").content.decode()
+    assert "files.read_file" in review
+    assert "DISABLED" in review
+    assert "files.write_note" not in review
+
+    tools = "/admin/capabilities/mcptool/"
+    admin_client.post(tools, {"action": "reapprove", "_selected_action": [tool.pk]})
+    admin_client.post(tools, {"action": "risk_medium", "_selected_action": [tool.pk]})
+    tool.refresh_from_db()
+    assert tool.status == McpToolStatus.ACTIVE
+    assert tool.risk_override == "medium"
+    assert registry.get_capability("files.read_file", workspace.id).risk == Risk.MEDIUM
+    assert AuditEvent.objects.filter(type="mcp.tool.approved", actor="user:root").exists()
+    assert admin_client.get(f"/admin/capabilities/mcpserver/{server.pk}/change/").status_code == 200
+    assert admin_client.get(f"/admin/capabilities/mcptool/{tool.pk}/change/").status_code == 200
+
+
+def test_admin_adds_an_http_server(admin_client, workspace, mcp_http):
+    response = admin_client.post(
+        "/admin/capabilities/mcpserver/add/",
+        {"workspace": workspace.pk, "slug": "files", "name": "Files", "transport": "http", "url": mcp_http.url,
+         "command": "[]", "env": "{}", "enabled": "on"},
+    )  # fmt: skip
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    assert McpServer.objects.get(slug="files").url == mcp_http.url
+    assert AuditEvent.objects.filter(type="mcp.server.created", actor="user:root").exists()
+
+
+# --- failure classification (no server needed) -------------------------------------------
+
+
+def _classify(phase, *errors, status=None, read_only=False):
+    from capabilities import mcp_client
+
+    probe = mcp_client._Probe(phase=phase, statuses={phase: status} if status else {})
+    conn = mcp_client.Connection(label="files", transport="http", timeout=5)
+    return mcp_client._classify(ExceptionGroup("transport", list(errors)), probe, conn, read_only=read_only)
+
+
+def test_failure_classification():
+    import httpx2
+    from mcp.shared.exceptions import MCPError
+    from mcp_types import CONNECTION_CLOSED, INVALID_PARAMS, REQUEST_TIMEOUT
+
+    unavailable, unknown = ErrorCode.TEMPORARILY_UNAVAILABLE, ErrorCode.OUTCOME_UNKNOWN
+    cases = [
+        (_classify("connect", httpx2.ConnectError("refused")), unavailable, True),
+        (
+            _classify("list", MCPError(-32603, "Server returned an error response"), status=503),
+            unavailable,
+            True,
+        ),
+        (_classify("connect", MCPError(-32603, "x"), status=401), ErrorCode.INVALID_ARGUMENT, False),
+        (_classify("call", httpx2.ConnectError("refused")), unavailable, True),
+        (
+            _classify("call", MCPError(-32603, "Server returned an error response"), status=502),
+            unavailable,
+            True,
+        ),
+        (_classify("call", httpx2.ReadTimeout("slow")), unknown, False),
+        (_classify("call", httpx2.ReadTimeout("slow"), read_only=True), ErrorCode.TIMEOUT, True),
+        (_classify("call", MCPError(REQUEST_TIMEOUT, "timed out")), unknown, False),
+        (_classify("call", httpx2.RemoteProtocolError("dropped")), unknown, False),
+        (_classify("call", MCPError(CONNECTION_CLOSED, "Connection closed")), unknown, False),
+        (_classify("call", MCPError(CONNECTION_CLOSED, "closed"), read_only=True), unavailable, True),
+        (_classify("call", MCPError(INVALID_PARAMS, "bad /etc/passwd")), ErrorCode.INVALID_ARGUMENT, False),
+    ]
+    for error, code, retryable in cases:
+        assert (error.code, error.retryable) == (code, retryable), error.message
+        assert "/etc/passwd" not in error.message
+    assert "bad /etc/passwd" in cases[-1][0].detail
+
+
+def test_the_sdk_runs_even_inside_a_running_event_loop():
+    import asyncio
+
+    from capabilities import mcp_client
+
+    async def inner() -> int:
+        return 7
+
+    async def outer() -> int:
+        return mcp_client.run_async(inner)
+
+    assert asyncio.run(outer()) == 7

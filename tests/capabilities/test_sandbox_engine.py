@@ -8,9 +8,7 @@ in-process by the real executor, except the routing test, which uses live worker
 
 from __future__ import annotations
 
-import errno
 import json
-import os
 import socket
 import subprocess
 import tempfile

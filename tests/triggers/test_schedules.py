@@ -60,7 +60,9 @@ def test_the_slot_of_a_fire_is_the_latest_cron_slot_at_or_before_now():
     utc = ZoneInfo("UTC")
     assert schedules.slot_at_or_before("0 * * * *", utc, T0) == T0
     assert schedules.slot_at_or_before("0 * * * *", utc, T0 + timedelta(minutes=59, seconds=59)) == T0
-    assert schedules.slot_at_or_before("0 * * * *", utc, T0 - timedelta(microseconds=1)) == T0 - timedelta(hours=1)
+    assert schedules.slot_at_or_before("0 * * * *", utc, T0 - timedelta(microseconds=1)) == T0 - timedelta(
+        hours=1
+    )
     assert schedules.slot_after("0 * * * *", utc, T0) == T0 + timedelta(hours=1)
 
 
@@ -100,7 +102,9 @@ def test_the_beat_crontab_mirrors_the_cron_expression():
 
 
 def test_a_schedule_trigger_gets_a_periodic_task_in_its_time_zone(db, make_automation):
-    automation = make_automation(definition(triggers=[schedule(cron="30 9 * * 1-5", timezone="Europe/Berlin")]))
+    automation = make_automation(
+        definition(triggers=[schedule(cron="30 9 * * 1-5", timezone="Europe/Berlin")])
+    )
     trigger = Trigger.objects.get(automation=automation)
 
     task = trigger.periodic_task
@@ -157,7 +161,9 @@ def test_removing_the_trigger_or_the_automation_removes_the_beat_entry(db, make_
 
     assert not Trigger.objects.exists()
     assert not PeriodicTask.objects.filter(pk__in=[first_task, second_task]).exists()
-    assert not CrontabSchedule.objects.filter(periodictask__isnull=True, minute__in=["0", "5"], hour="*").exists()
+    assert not CrontabSchedule.objects.filter(
+        periodictask__isnull=True, minute__in=["0", "5"], hour="*"
+    ).exists()
 
 
 # --- firing ------------------------------------------------------------------------------------------------
@@ -223,7 +229,9 @@ def test_a_slot_whose_dispatch_fails_is_audited_and_not_retried_forever(db, make
     assert fire_schedule(str(trigger.pk), now=_at(T0)) == "fired"
 
     assert not Run.objects.exists()
-    assert AuditEvent.objects.filter(type="trigger.dispatch_failed", refs__trigger=str(trigger.pk)).count() == 1
+    assert (
+        AuditEvent.objects.filter(type="trigger.dispatch_failed", refs__trigger=str(trigger.pk)).count() == 1
+    )
     assert Trigger.objects.get(pk=trigger.pk).last_scheduled_for == T0
 
 
@@ -231,7 +239,9 @@ def test_a_slot_whose_dispatch_fails_is_audited_and_not_retried_forever(db, make
 
 
 def _missed_audits(trigger) -> list[AuditEvent]:
-    return list(AuditEvent.objects.filter(type="schedule.missed", refs__trigger=str(trigger.pk)).order_by("id"))
+    return list(
+        AuditEvent.objects.filter(type="schedule.missed", refs__trigger=str(trigger.pk)).order_by("id")
+    )
 
 
 def test_catch_up_skip_audits_each_missed_slot_and_runs_only_the_current_one(db, make_automation):
@@ -272,8 +282,12 @@ def test_catch_up_run_all_capped_runs_the_latest_ten_and_audits_the_rest(db, mak
 
 def test_a_fire_long_after_its_slot_counts_the_slot_as_missed(db, make_automation):
     """Beat, restarted after an outage, ticks once at once: that tick's slot was missed too."""
-    skip = _trigger(make_automation, cron="0 9 * * *", accounted_until=T0 - timedelta(days=3), catch_up="skip")
-    once = _trigger(make_automation, cron="0 9 * * *", accounted_until=T0 - timedelta(days=3), catch_up="run_once")
+    skip = _trigger(
+        make_automation, cron="0 9 * * *", accounted_until=T0 - timedelta(days=3), catch_up="skip"
+    )
+    once = _trigger(
+        make_automation, cron="0 9 * * *", accounted_until=T0 - timedelta(days=3), catch_up="run_once"
+    )
     restart = T0 + timedelta(hours=2)  # 12:00, the 09:00 slot is three hours old
 
     fire_schedule(str(skip.pk), now=_at(restart))
@@ -288,7 +302,9 @@ def test_a_fire_long_after_its_slot_counts_the_slot_as_missed(db, make_automatio
 
 
 def test_a_long_outage_is_summarised_instead_of_audited_slot_by_slot(db, make_automation):
-    trigger = _trigger(make_automation, cron="* * * * *", accounted_until=T0 - timedelta(days=30), catch_up="skip")
+    trigger = _trigger(
+        make_automation, cron="* * * * *", accounted_until=T0 - timedelta(days=30), catch_up="skip"
+    )
 
     fire_schedule(str(trigger.pk), now=_at(T0))
 
@@ -338,7 +354,9 @@ def test_a_beat_tick_consumed_by_a_real_worker_starts_and_finishes_one_run(make_
     worker = WorkerProcess(concurrency=2).start()
     try:
         for _ in range(3):  # a duplicated tick (two beats, a redelivery) changes nothing
-            app.send_task("autoplane.fire_schedule", kwargs={"trigger_id": str(trigger.pk), "now": now.isoformat()})
+            app.send_task(
+                "autoplane.fire_schedule", kwargs={"trigger_id": str(trigger.pk), "now": now.isoformat()}
+            )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             runs = _runs(trigger)

@@ -135,14 +135,19 @@ class Command(BaseCommand):
         )  # fmt: skip
         parser.add_argument("--web-workers", type=int, default=min(4, max(2, os.cpu_count() or 2)))
         parser.add_argument("--stop-timeout", type=float, default=10.0, help="Seconds of grace on Ctrl-C.")
+        parser.add_argument(
+            "--init-only", action="store_true",
+            help="Migrate and bootstrap (admin user, default workspace, signing key, examples), then exit "
+                 "without starting anything: the one-shot step of docker-compose.",
+        )  # fmt: skip
 
     def say(self, message: str) -> None:
         self.stdout.write(f"{'up':<13} | {message}")
 
-    def handle(self, *args, host, port, concurrency, web_workers, stop_timeout, **options):
+    def handle(self, *args, host, port, concurrency, web_workers, stop_timeout, init_only, **options):
         started = time.monotonic()
         per_queue = parse_concurrency(concurrency)
-        if not _port_free(host, port):
+        if not init_only and not _port_free(host, port):
             raise CommandError(f"{host}:{port} is in use; pick another with --port")
 
         call_command("migrate", interactive=False, verbosity=0)
@@ -153,6 +158,9 @@ class Command(BaseCommand):
         connections.close_all()  # the children open their own
 
         base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"  # noqa: S104
+        if init_only:
+            self.stdout.write(self._banner(base, bootstrap, urls=False))
+            return
         banner = self._banner(base, bootstrap)
         self.stdout.write(banner)
         supervisor = Supervisor(
@@ -184,24 +192,24 @@ class Command(BaseCommand):
             return  # another process made it first
         self.say(f"signing key created: {path}")
 
-    def _banner(self, base: str, bootstrap: Bootstrap | None) -> str:
+    def _banner(self, base: str, bootstrap: Bootstrap | None, *, urls: bool = True) -> str:
         db = settings.DATABASES["default"]
         database = db["NAME"] if settings.DATABASE_IS_SQLITE else f"{db.get('HOST') or 'localhost'}/{db['NAME']}"
         broker = settings.CELERY_BROKER_URL.split("@")[-1]  # never print a broker password
-        lines = [
-            "",
-            f"  admin      {base}/admin/",
-            f"  API        {base}/api/v1/   (docs {base}/api/docs/)",
-            f"  health     {base}/healthz   metrics {base}/metrics",
-            f"  database   {database}",
-            f"  broker     {broker}",
-        ]
+        lines = [""]
+        if urls:
+            lines += [
+                f"  admin      {base}/admin/",
+                f"  API        {base}/api/v1/   (docs {base}/api/docs/)",
+                f"  health     {base}/healthz   metrics {base}/metrics",
+            ]
+        lines += [f"  database   {database}", f"  broker     {broker}"]
         if bootstrap is not None:
             lines += [
                 f"  login      {bootstrap.username} / {bootstrap.password}   (created now, shown once)",
                 f"  API token  {bootstrap.api_token}   (workspace '{bootstrap.workspace}', role admin)",
             ]
-        return "\n".join([*lines, "  Ctrl-C stops everything.", ""])
+        return "\n".join([*lines, "  Ctrl-C stops everything." if urls else "", ""])
 
     def _announce_ready(self, supervisor: Supervisor, base: str, started: float, banner: str) -> None:
         deadline = started + READY_TIMEOUT

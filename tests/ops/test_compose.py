@@ -1,0 +1,102 @@
+"""docker-compose.yml, Dockerfile and .env.example stay true to the code (without running Docker)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from config.celery import QUEUES
+from tests.live import REPO
+
+COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+SERVICES = COMPOSE["services"]
+OUR_ENTRY_POINTS = {"python": [sys.executable], "celery": [sys.executable, "-m", "celery"],
+                    "gunicorn": [sys.executable, "-m", "gunicorn"]}  # fmt: skip
+
+
+def _ours(service: dict) -> bool:
+    return isinstance(service.get("command"), list) and service["command"][0] in OUR_ENTRY_POINTS
+
+
+def _dry_run(command: list[str]) -> list[str]:
+    """The same command, made to check itself and exit: every option is parsed, nothing starts."""
+    argv = OUR_ENTRY_POINTS[command[0]] + command[1:]
+    if command[0] == "gunicorn":
+        return [*argv, "--check-config"]
+    return [*argv, "--help"]
+
+
+def test_every_service_reads_the_env_file():
+    for name, service in SERVICES.items():
+        assert ".env" in service.get("env_file", []), name
+
+
+def test_there_is_exactly_one_beat_and_it_is_not_replicated():
+    beats = [name for name, s in SERVICES.items() if _ours(s) and s["command"][3:4] == ["beat"]]
+
+    assert beats == ["beat"]
+    assert SERVICES["beat"].get("deploy", {}).get("replicas", 1) == 1
+    assert "scale" not in SERVICES["beat"]
+
+
+def test_workers_cover_all_four_queues():
+    consumed = set()
+    for service in SERVICES.values():
+        command = service.get("command") or []
+        if command[:4] == ["celery", "-A", "config", "worker"]:
+            consumed.update(command[command.index("-Q") + 1].split(","))
+
+    assert consumed == set(QUEUES)
+    assert {"worker-fast", "worker-medium", "worker-long"} <= set(SERVICES)
+
+
+def test_app_services_wait_for_migrate_and_healthy_backends():
+    for name in ("web", "beat", "worker-fast", "worker-medium", "worker-long", "worker-default"):
+        depends = SERVICES[name]["depends_on"]
+        assert depends["migrate"]["condition"] == "service_completed_successfully", name
+        assert depends["postgres"]["condition"] == "service_healthy", name
+    assert SERVICES["migrate"]["restart"] == "no"
+    assert "healthcheck" in SERVICES["postgres"] and "healthcheck" in SERVICES["redis"]
+
+
+def test_every_command_of_ours_is_a_real_entry_point_with_valid_options():
+    commands = {name: _dry_run(s["command"]) for name, s in SERVICES.items() if _ours(s)}
+    assert {"migrate", "web", "beat", "worker-fast"} <= set(commands)
+    env = {**__import__("os").environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+
+    running = {name: subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+               for name, argv in commands.items()}  # fmt: skip
+    failures = {}
+    for name, proc in running.items():
+        output = proc.communicate(timeout=180)[0].decode(errors="replace")
+        if proc.returncode != 0:
+            failures[name] = output[-2000:]
+
+    assert failures == {}
+
+
+def test_web_healthcheck_is_valid_python_against_healthz():
+    test = SERVICES["web"]["healthcheck"]["test"]
+
+    assert test[:3] == ["CMD", "python", "-c"]
+    compile(test[3], "healthcheck", "exec")
+    assert "/healthz" in test[3]
+
+
+def test_env_example_documents_every_variable_settings_reads():
+    settings_source = (REPO / "config" / "settings.py").read_text()
+    read = set(re.findall(r'env(?:\.\w+)?\(\s*"([A-Z][A-Z0-9_]+)"', settings_source))
+    example = (REPO / ".env.example").read_text()
+    documented = set(re.findall(r"^(?:# )?([A-Z][A-Z0-9_]+)=", example, flags=re.MULTILINE))
+
+    assert len(read) > 20
+    assert read - documented == set()
+
+
+@pytest.mark.parametrize("needle", ["bubblewrap", "uv sync --frozen", "python:3.11-slim"])
+def test_dockerfile_builds_the_project_as_the_readme_says(needle):
+    assert needle in (REPO / "Dockerfile").read_text()
