@@ -54,7 +54,7 @@ class DecisionInline(admin.TabularInline):
 class ApprovalAdmin(admin.ModelAdmin):
     list_display = ["status", "risk", "automation_name", "step_id", "requested_by", "progress", "expires_at",
                     "created_at"]  # fmt: skip
-    list_filter = ["status", "risk", "workspace"]
+    list_filter = ["status", "risk"]
     search_fields = ["automation_name", "step_id", "run_id", "requested_by"]
     ordering = ["-created_at"]
     actions = ["approve_selected", "deny_selected"]
@@ -67,6 +67,10 @@ class ApprovalAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request):
         return _scoped(request, selectors.with_counts(super().get_queryset(request)))
+
+    def get_list_filter(self, request):
+        # Listing every workspace as a filter would name workspaces the user is not in.
+        return [*self.list_filter, "workspace"] if request.user.is_superuser else self.list_filter
 
     def has_add_permission(self, request):
         return False
@@ -213,12 +217,19 @@ class StandingApprovalAdmin(admin.ModelAdmin):
     form = StandingApprovalForm
     list_display = ["capability_id", "automation_id", "workspace", "uses", "max_uses", "expires_at", "revoked",
                     "signature_ok", "created_by"]  # fmt: skip
-    list_filter = ["revoked", "workspace", "capability_id"]
+    list_filter = ["revoked", "capability_id"]
     search_fields = ["automation_id", "capability_id"]
     actions = ["revoke_selected"]
 
     def get_queryset(self, request):
         return _scoped(request, super().get_queryset(request))
+
+    def get_list_filter(self, request):
+        return [*self.list_filter, "workspace"] if request.user.is_superuser else self.list_filter
+
+    def has_change_permission(self, request, obj=None):
+        # Bounds are signed at creation: a standing approval is revoked and replaced, never edited.
+        return obj is None and super().has_change_permission(request, obj)
 
     def get_readonly_fields(self, request, obj=None):
         if obj is None:
@@ -232,6 +243,11 @@ class StandingApprovalAdmin(admin.ModelAdmin):
         form = super().get_form(request, obj, change, **kwargs)
         form.user = request.user
         return form
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == "workspace":
+            kwargs["queryset"] = workspaces_for(request.user, Permission.APPROVE)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     @admin.display(boolean=True, description="signature valid")
     def signature_ok(self, obj):

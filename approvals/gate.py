@@ -165,6 +165,10 @@ def _use_standing(request: GateRequest, now: datetime) -> Verdict | None:
                    f"{request.step_id}: pre-authorised by a standing approval (use {uses} of {standing.max_uses})",
                    Outcome.SUCCESS, refs={"standing_approval": str(standing.pk)},
                    payload={"uses": uses, "max_uses": standing.max_uses, "plan_hash": request.plan_hash})  # fmt: skip
+            # A request still waiting for this step is moot now; take it off the approvers' queue.
+            live = _latest(request)
+            if live is not None and live.status in (ApprovalStatus.PENDING, ApprovalStatus.APPROVED):
+                _invalidate(request, live, "standing_approval", "covered by a standing approval instead")
         return Verdict("approved", "pre-authorised by a standing approval")
     return None
 

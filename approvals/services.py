@@ -29,7 +29,15 @@ from workspaces.models import Permission, Workspace
 
 from . import tokens
 from .gate import standing_bounds
-from .models import Approval, ApprovalDecision, ApprovalStatus, ConsumedNonce, Decision, StandingApproval
+from .models import (
+    LIVE_STATUSES,
+    Approval,
+    ApprovalDecision,
+    ApprovalStatus,
+    ConsumedNonce,
+    Decision,
+    StandingApproval,
+)
 
 RESUME_TASK = "autoplane.resume_run"
 # A token minted just before its approval expires still leaves the run this long to resume.
@@ -363,3 +371,20 @@ def approval_link_confirm(*, token: str) -> Approval:
     except IntegrityError:
         raise ApprovalError("CONFLICT", "this approval link was already used", 409)
     return approval_decide(approval_id=approval.pk, user=user, decision=Decision.APPROVE, via="link")
+
+
+# --- runs that stop waiting -----------------------------------------------------------
+
+
+@transaction.atomic
+def approvals_invalidate_for_run(*, run_id: Any, actor: str, reason: str) -> int:
+    """The run was cancelled: its open approvals can never be used, so take them off the queue."""
+    live = list(Approval.objects.select_for_update().filter(run_id=run_id, status__in=LIVE_STATUSES))
+    for approval in live:
+        Approval.objects.filter(pk=approval.pk).update(status=ApprovalStatus.INVALIDATED, settled_at=timezone.now())
+        writer.append(
+            trace_id=approval.trace_id or uuid.uuid4().hex, type="approval.invalidated",
+            summary=f"{approval.step_id}: {reason}", outcome=Outcome.INFO, workspace_id=approval.workspace_id,
+            actor=actor, refs=_refs(approval), payload={"reason": reason, "previous_status": approval.status},
+        )  # fmt: skip
+    return len(live)

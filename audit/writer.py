@@ -154,10 +154,6 @@ SELECT %(chain)s, moved.seq, moved.ts, %(trace_id)s, %(stage)s, %(type)s, %(summ
 FROM moved
 RETURNING id, seq, timestamp, prev_hash, hash
 """
-_PG_APPEND_TYPED = _PG_APPEND
-for _n in ("trace_id", "stage", "type", "summary", "outcome", "actor", "chain", "p0", "p1", "p2", "p3"):
-    _PG_APPEND_TYPED = _PG_APPEND_TYPED.replace(f"%({_n})s", f"%({_n})s::text")
-_PG_APPEND_TYPED = _PG_APPEND_TYPED.replace("%(workspace_id)s", "%(workspace_id)s::bigint")
 _PG_CREATE_HEAD = """
 INSERT INTO audit_auditchainhead (chain, seq, head_hash) VALUES (%s, 0, %s)
 ON CONFLICT (chain) DO NOTHING
@@ -175,20 +171,7 @@ def _append_postgresql(connection, fields: dict[str, Any]) -> AuditEvent:
         "p2": p2,
         "p3": p3,
     }
-    import os
-    if os.environ.get("AP_PREPARED"):
-        import psycopg
-        connection.ensure_connection()
-        connection.validate_no_broken_transaction()
-        with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
-            cursor.execute(_PG_APPEND_TYPED, params, prepare=True)
-            row = cursor.fetchone()
-            if row is None:  # first event of this chain
-                cursor.execute(_PG_CREATE_HEAD, [fields["chain"], GENESIS_HASH])
-                cursor.execute(_PG_APPEND_TYPED, params, prepare=True)
-                row = cursor.fetchone()
-    else:
-     with connection.cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(_PG_APPEND, params)
         row = cursor.fetchone()
         if row is None:  # first event of this chain

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -28,6 +29,8 @@ from config.celery import QUEUE_FAST, QUEUE_LONG, QUEUE_MEDIUM
 from . import definition as defs
 from .expressions import template
 from .models import ACTIVE_RUN_STATUSES, Automation, DispatchKey, Run, RunStatus
+
+logger = logging.getLogger(__name__)
 
 MAX_CHAIN_DEPTH = 8
 DEDUPE_WINDOW = timedelta(hours=24)
@@ -127,8 +130,8 @@ def estimate_cost(snapshot: dict[str, Any], workspace_id: int) -> Decimal:
         if capability is not None:
             try:
                 total += capability.estimate_cost(step.get("config") or {})
-            except Exception:  # an estimate that needs rendered values counts as unknown (0)
-                continue
+            except Exception:  # an estimate that needs rendered values is unknown until run time
+                logger.debug("no cost estimate for step %s before rendering", step.get("step_id"))
     return total
 
 

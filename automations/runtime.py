@@ -16,6 +16,7 @@ from capabilities import registry
 from capabilities.base import ActionContext, Capability, Envelope, Risk
 
 from . import events
+from .definition import DEFAULT_AUTONOMY
 from .models import ACTIVE_RUN_STATUSES, Automation, Run, RunStatus, StepRun
 
 # Timers longer than this are left to the sweeper instead of a broker countdown,
@@ -107,6 +108,7 @@ def approval_gate(
             plan_hash=plan_hash(run.snapshot, step_key, config),
             requested_by=run.triggered_by,
             last_editor_id=automation["updated_by_id"],
+            extra={"autonomy": execution.get("autonomy", DEFAULT_AUTONOMY)},
             approvals_required=int(step.get("approvals_required", config.get("approvals_required", 1)) or 1),
             expires_in_seconds=int(execution.get("approval_timeout_seconds", 24 * 3600)),
             trace_id=run.trace_id,

@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from approvals.services import approvals_invalidate_for_run
 from audit import writer
 from audit.models import Outcome
 from workspaces.models import Workspace
@@ -195,6 +196,7 @@ def run_cancel(*, run: Run, user=None) -> Run:
         StepRun.objects.filter(run=run, status=StepStatus.AWAITING_APPROVAL).update(status=StepStatus.FAILED,
                                                                                   error_code="CANCELLED")  # fmt: skip
         summary = "run cancelled"
+        approvals_invalidate_for_run(run_id=run.pk, actor=_actor(user), reason="the run was cancelled")
     writer.append(
         trace_id=run.trace_id, type="operator.run.cancelled", summary=summary, workspace_id=run.workspace_id,
         actor=_actor(user), refs={"run": str(run.pk)},

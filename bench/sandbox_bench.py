@@ -27,6 +27,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 TRIVIAL = "import json, sys\nprint(json.dumps({'n': json.load(sys.stdin)['n'] + 1}))\n"
 AUTOMATION_NAME = "bench sandboxed 1 step"
+BASELINE_NAME = "bench transform 1 step"
 FINAL = ("succeeded", "failed", "cancelled", "timed_out", "needs_attention")
 
 
@@ -80,19 +81,24 @@ def bench_sandbox_overhead(n: int = 50, *, report: Any = None) -> dict[str, floa
     return figures
 
 
-def _automation(workspace):
+def _automation(workspace, *, sandboxed: bool = True):
     from automations import services
     from automations.models import Automation
 
-    existing = Automation.objects.filter(workspace=workspace, name=AUTOMATION_NAME).first()
+    name = AUTOMATION_NAME if sandboxed else BASELINE_NAME
+    existing = Automation.objects.filter(workspace=workspace, name=name).first()
     if existing is not None:
         return existing
-    step = {
-        "step_id": "add",
-        "action": "run_python",
-        "config": {"code": TRIVIAL, "input": {"n": "{{ inputs.n }}"}},
-    }
-    definition = {"schema_version": "1.0", "name": AUTOMATION_NAME, "plan": [step],
+    if sandboxed:
+        step = {"step_id": "add", "action": "run_python",
+                "config": {"code": TRIVIAL, "input": {"n": "{{ inputs.n }}"}}}  # fmt: skip
+    else:
+        step = {
+            "step_id": "add",
+            "action": "transform_data",
+            "config": {"output": {"n": "{{ inputs.n + 1 }}"}},
+        }
+    definition = {"schema_version": "1.0", "name": name, "plan": [step],
                   "inputs": {"schema": {"type": "object", "properties": {"n": {"type": "integer", "default": 0}}}},
                   "execution": {"concurrency": "allow_parallel"}}  # fmt: skip
     return services.automation_create(workspace=workspace, definition=definition)
@@ -111,41 +117,58 @@ def _wait(run_ids: list[str], timeout: float) -> None:
         time.sleep(0.01)
 
 
-def bench_fast_queue_sandboxed(
-    n: int = 200, *, report: Any = None, timeout: float = 600.0
-) -> dict[str, float]:
-    """Sustained one-step run_python runs/s through the workers consuming automations_fast."""
+def _drain(automation, n: int, timeout: float) -> tuple[float, list[float], int]:
+    """Dispatch ``n`` runs as fast as possible; (runs/s, created → finished ms, failures)."""
     from automations.models import Run
     from automations.services import run_create
     from config.celery import QUEUE_FAST
-    from workspaces.services import workspace_get_or_create
 
-    automation = _automation(workspace_get_or_create(slug="bench"))
     warm = [str(run_create(automation=automation, inputs={"n": i}).run.pk) for i in range(4)]
     _wait(warm, timeout=120)
-
     started = time.perf_counter()
     ids = []
     for i in range(n):
         run = run_create(automation=automation, inputs={"n": i}).run
         if run.queue != QUEUE_FAST:
-            raise RuntimeError(f"a default code step should run on {QUEUE_FAST}, not {run.queue}")
+            raise RuntimeError(f"a default one-step run should be on {QUEUE_FAST}, not {run.queue}")
         ids.append(str(run.pk))
     _wait(ids, timeout=timeout)
     elapsed = time.perf_counter() - started
     rows = list(Run.objects.filter(pk__in=ids).values_list("status", "created_at", "finished_at"))
     failed = sum(1 for status, _, _ in rows if status != "succeeded")
-    latencies = [(finished - created).total_seconds() * 1000 for _, created, finished in rows]
-    figures = {
-        "sandboxed_runs_per_s": n / elapsed,
-        "sandboxed_run_p50_ms": _pct(latencies, 0.5),
-        "sandboxed_run_p95_ms": _pct(latencies, 0.95),
-        "sandboxed_runs_failed": float(failed),
-    }
-    _report(report, "sandboxed_runs_per_s", figures["sandboxed_runs_per_s"],
-            f"one-step run_python runs on {QUEUE_FAST} ({n} runs): {figures['sandboxed_runs_per_s']:.1f} runs/s, "
-            f"created → finished p50 {figures['sandboxed_run_p50_ms']:.0f} ms, "
-            f"p95 {figures['sandboxed_run_p95_ms']:.0f} ms, {failed} failed")  # fmt: skip
+    return n / elapsed, [(done - created).total_seconds() * 1000 for _, created, done in rows], failed
+
+
+def bench_fast_queue_sandboxed(
+    n: int = 200, *, report: Any = None, timeout: float = 600.0, baseline: bool = False
+) -> dict[str, float]:
+    """Sustained one-step run_python runs/s through the workers consuming automations_fast.
+
+    ``baseline``: first the same number of one-step ``transform_data`` runs, for the ratio.
+    """
+    from workspaces.services import workspace_get_or_create
+
+    workspace = workspace_get_or_create(slug="bench")
+    figures: dict[str, float] = {}
+    if baseline:
+        rate, latencies, _ = _drain(_automation(workspace, sandboxed=False), n, timeout)
+        figures.update(transform_runs_per_s=rate, transform_run_p50_ms=_pct(latencies, 0.5))
+    rate, latencies, failed = _drain(_automation(workspace), n, timeout)
+    figures.update(
+        sandboxed_runs_per_s=rate,
+        sandboxed_run_p50_ms=_pct(latencies, 0.5),
+        sandboxed_run_p95_ms=_pct(latencies, 0.95),
+        sandboxed_runs_failed=float(failed),
+    )
+    versus = (
+        f"; transform_data runs {figures['transform_runs_per_s']:.1f} runs/s, p50 "
+        f"{figures['transform_run_p50_ms']:.0f} ms = {rate / figures['transform_runs_per_s']:.2f}x"
+        if baseline else ""
+    )  # fmt: skip
+    _report(report, "sandboxed_runs_per_s", rate,
+            f"one-step run_python runs on automations_fast ({n} runs): {rate:.1f} runs/s, created → finished "
+            f"p50 {figures['sandboxed_run_p50_ms']:.0f} ms, p95 {figures['sandboxed_run_p95_ms']:.0f} ms, "
+            f"{failed} failed{versus}")  # fmt: skip
     return figures
 
 
@@ -157,6 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--runs", type=int, default=0, help="runs for the fast-queue figure (0: skip it)")
     parser.add_argument("--start-workers", action="store_true", help="start automations_fast workers first")
     parser.add_argument("--concurrency", type=int, default=2, help="with --start-workers")
+    parser.add_argument("--baseline", action="store_true", help="also time one-step transform_data runs")
     args = parser.parse_args(argv)
 
     sys.path.insert(0, str(REPO))
@@ -168,13 +192,13 @@ def main(argv: list[str] | None = None) -> None:
     if not args.runs:
         return
     if not args.start_workers:
-        bench_fast_queue_sandboxed(args.runs)
+        bench_fast_queue_sandboxed(args.runs, baseline=args.baseline)
         return
     from bench.workers import Workers
 
     with Workers({"automations_fast": args.concurrency}) as workers:
         workers.wait_ready()
-        bench_fast_queue_sandboxed(args.runs)
+        bench_fast_queue_sandboxed(args.runs, baseline=args.baseline)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import json
 import logging
 import re
 import uuid
@@ -34,6 +35,8 @@ from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
 
 from audit import writer
 from audit.models import Outcome
@@ -56,6 +59,8 @@ EXPECTED_DURATION_SECONDS = 30.0
 CREDENTIAL_REF = "$credential"
 MAX_ERROR_TEXT = 2000
 MAX_ARGV = 64
+MAX_DATA_CHARS = 1024 * 1024
+PREVIEW_CHARS = 64 * 1024
 
 
 class McpServiceError(Exception):
@@ -261,8 +266,9 @@ def connection_for(server: McpServer, *, timeout: float, secrets: list[str], tra
             else:
                 env[key] = raw
         return mcp_client.Connection(
-            label=server.slug, transport="stdio", timeout=timeout, argv=tuple(server.command), env=env
-        )
+            label=server.slug, transport="stdio", timeout=timeout, argv=tuple(server.command), env=env,
+            secrets=tuple(secrets),
+        )  # fmt: skip
     headers, extra = _credential_headers(value) if value is not None else ({}, [])
     secrets.extend(s for s in extra if s not in secrets)
     allowlist = egress.effective_allowlist(server.workspace.egress_allowlist or ())
@@ -270,7 +276,7 @@ def connection_for(server: McpServer, *, timeout: float, secrets: list[str], tra
     addresses = egress.resolve_url(parsed, allowlist)  # POLICY_VIOLATION for a private target not allowlisted
     return mcp_client.Connection(
         label=server.slug, transport="http", timeout=timeout, url=server.url, headers=headers,
-        pinned_host=egress.connect_host(parsed), pinned_addresses=addresses,
+        pinned_host=egress.connect_host(parsed), pinned_addresses=addresses, secrets=tuple(secrets),
     )  # fmt: skip
 
 
@@ -340,6 +346,22 @@ def _record_listing(server: McpServer, tool: McpTool | None, info: mcp_client.To
     return "changed"
 
 
+def _unusable(info: mcp_client.ToolInfo) -> str:
+    """Why a listed tool cannot become a capability ("" if it can)."""
+    if not TOOL_NAME_PATTERN.match(info.name):
+        return "invalid tool name"
+    for label, schema in (("input", info.input_schema), ("output", info.output_schema)):
+        if schema is None and label == "output":
+            continue
+        if not isinstance(schema, dict):
+            return f"{label} schema is not an object"
+        try:
+            Draft202012Validator.check_schema(schema)
+        except SchemaError:
+            return f"{label} schema is not a valid JSON Schema"
+    return ""
+
+
 def mcp_harvest(server: McpServer, *, user=None, actor: str | None = None) -> HarvestResult:
     """List ``server``'s tools now and reconcile the McpTool rows; raises McpServiceError on failure."""
     server = McpServer.objects.select_related("workspace", "credential").get(pk=server.pk)
@@ -363,14 +385,17 @@ def mcp_harvest(server: McpServer, *, user=None, actor: str | None = None) -> Ha
 
     result = HarvestResult()
     offered: dict[str, mcp_client.ToolInfo] = {}
-    skipped: list[str] = []
+    skipped: list[dict[str, str]] = []
     for info in listing:
-        if TOOL_NAME_PATTERN.match(info.name) and info.name not in offered:
-            offered[info.name] = info
+        problem = _unusable(info) or ("listed twice" if info.name in offered else "")
+        if problem:
+            skipped.append({"tool": info.name[:200], "reason": problem})
         else:
-            skipped.append(info.name[:200])
+            offered[info.name] = info
     now = timezone.now()
     with transaction.atomic():
+        # One harvest of a server at a time (lock order: server, then its tools).
+        McpServer.objects.select_for_update().filter(pk=server.pk).first()
         existing = {
             tool.name: tool
             for tool in McpTool.objects.select_for_update().filter(server=server).order_by("pk")
@@ -385,7 +410,7 @@ def mcp_harvest(server: McpServer, *, user=None, actor: str | None = None) -> Ha
         McpServer.objects.filter(pk=server.pk).update(last_harvested_at=now, last_error="")
         _audit(server, "mcp.server.harvested", f"MCP server {server.slug} harvested: {result.counts()}",
                actor=actor, trace_id=trace_id, outcome=Outcome.SUCCESS,
-               payload={**result.counts(), "skipped_invalid_names": skipped[:20]}, secrets=secrets)  # fmt: skip
+               payload={**result.counts(), "skipped": skipped[:20]}, secrets=secrets)  # fmt: skip
     return result
 
 
@@ -531,6 +556,7 @@ def call_tool(server: McpServer, tool_name: str, args: Mapping[str, Any], ctx: A
     if outcome.result is None:
         # Offered differently (or not at all) than approved: record it like a harvest would, never call it.
         with transaction.atomic():
+            McpServer.objects.select_for_update().filter(pk=server.pk).first()
             locked = McpTool.objects.select_for_update().get(pk=tool.pk)
             _record_listing(server, locked, outcome.listed, now=timezone.now(), actor=f"run:{ctx.run_id}",
                             trace_id=ctx.trace_id)  # fmt: skip
@@ -543,7 +569,7 @@ def call_tool(server: McpServer, tool_name: str, args: Mapping[str, Any], ctx: A
     result = outcome.result
     if result.is_error:
         # The server's own error text may be anything: audit (redacted) and logs only.
-        text = redact(result.text()[:MAX_ERROR_TEXT], ctx.secrets)
+        text = redact(result.text(), ctx.secrets)[:MAX_ERROR_TEXT]
         logger.info("MCP tool %s reported an error: %s", label, text)
         _audit(server, "mcp.tool.error", f"{label} reported an error", actor=f"run:{ctx.run_id}",
                trace_id=ctx.trace_id, outcome=Outcome.FAILURE, refs=refs,
@@ -551,21 +577,26 @@ def call_tool(server: McpServer, tool_name: str, args: Mapping[str, Any], ctx: A
         return Envelope.failure(
             ErrorCode.INVALID_ARGUMENT, f"the MCP tool {label} reported an error", retryable=False
         )
-    return Envelope.success(_data(result), summary=f"{label} succeeded")
+    data, truncated = _data(result, ctx.secrets)
+    return Envelope.success(data, summary=f"{label} succeeded" + (" (output truncated)" if truncated else ""))
 
 
-def _data(result: mcp_client.ToolResult) -> Any:
+def _data(result: mcp_client.ToolResult, secrets: list[str]) -> tuple[Any, bool]:
+    """The step's data (structured content, else the text parsed as JSON when it is), and whether it was cut."""
     if result.structured is not None:
-        return result.structured
-    items = [_maybe_json(item) if isinstance(item, str) else item for item in result.content]
-    if len(items) == 1:
-        return items[0]
-    return items
+        data = result.structured
+    else:
+        items = [_maybe_json(item) if isinstance(item, str) else item for item in result.content]
+        data = items[0] if len(items) == 1 else items
+    encoded = json.dumps(data, ensure_ascii=False, default=str)
+    if len(encoded) <= MAX_DATA_CHARS:
+        return data, False
+    # Redact before cutting: a secret split at the cut would escape exact-match redaction.
+    preview = redact(encoded, secrets)[:PREVIEW_CHARS]
+    return {"truncated": True, "chars": len(encoded), "preview": preview}, True
 
 
 def _maybe_json(text: str) -> Any:
-    import json
-
     try:
         return json.loads(text)
     except ValueError:

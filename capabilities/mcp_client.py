@@ -46,6 +46,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT, Implementation
 
+from audit.redaction import redact
+
 from .base import ErrorCode
 
 logger = logging.getLogger(__name__)
@@ -86,6 +88,9 @@ class Connection:
     pinned_addresses: tuple[str, ...] = ()
     argv: Sequence[str] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    # Credential material sent to the server: redacted from anything cut short
+    # here (a truncated secret would slip past the engine's exact-match redaction).
+    secrets: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -201,12 +206,12 @@ class _Probe:
     statuses: dict[str, int] = field(default_factory=dict)
     errlog: IO[str] | None = None
 
-    def stderr_tail(self) -> str:
+    def stderr_tail(self, secrets: Sequence[str]) -> str:
         if self.errlog is None:
             return ""
         try:
             self.errlog.seek(0)
-            return self.errlog.read()[-MAX_DETAIL_CHARS:]
+            return redact(self.errlog.read()[-16 * MAX_DETAIL_CHARS :], secrets)[-MAX_DETAIL_CHARS:]
         except (OSError, ValueError):
             return ""
 
@@ -245,7 +250,9 @@ def _run(conn: Connection, body: Callable[[Client, _Probe], Awaitable[T]], *, re
     except Exception as exc:  # noqa: BLE001 - every failure is classified below
         if outcome and probe.phase == "done":
             # The answer arrived; only closing the session failed.
-            logger.info("MCP server %s: error while closing the session: %s", conn.label, _describe(exc))
+            logger.info(
+                "MCP server %s: error while closing the session: %s", conn.label, _describe(exc, conn.secrets)
+            )
             return outcome[0]
         raise _classify(exc, probe, conn, read_only=read_only) from None
     finally:
@@ -313,16 +320,17 @@ def call_tool(
         probe.phase = "call"
         result = await client.call_tool(name, dict(arguments))
         probe.phase = "done"
-        return CallOutcome(listed=listed, result=_result(result))
+        return CallOutcome(listed=listed, result=_result(result, conn.secrets))
 
     return _run(conn, body, read_only=read_only)
 
 
-def _result(result: Any) -> ToolResult:
+def _result(result: Any, secrets: Sequence[str]) -> ToolResult:
     content: list[Any] = []
     for block in result.content or []:
         if getattr(block, "type", None) == "text":
-            content.append(block.text[:MAX_TEXT_CHARS])
+            text = block.text if len(block.text) <= MAX_TEXT_CHARS else redact(block.text, secrets)
+            content.append(text[:MAX_TEXT_CHARS])
             continue
         dumped = block.model_dump(mode="json", by_alias=True, exclude_none=True)
         if isinstance(dumped.get("data"), str) and len(dumped["data"]) > MAX_BINARY_CHARS:
@@ -343,8 +351,8 @@ def _leaves(exc: BaseException) -> Iterator[BaseException]:
         yield exc
 
 
-def _describe(exc: BaseException) -> str:
-    return "; ".join(f"{type(e).__name__}: {e}" for e in _leaves(exc))[:MAX_DETAIL_CHARS]
+def _describe(exc: BaseException, secrets: Sequence[str] = ()) -> str:
+    return redact("; ".join(f"{type(e).__name__}: {e}" for e in _leaves(exc)), secrets)[:MAX_DETAIL_CHARS]
 
 
 _NOT_SENT = (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout, httpx2.UnsupportedProtocol)
@@ -353,9 +361,9 @@ _TIMED_OUT = (TimeoutError, httpx2.ReadTimeout, httpx2.WriteTimeout)
 
 def _classify(exc: BaseException, probe: _Probe, conn: Connection, *, read_only: bool) -> McpCallError:
     leaves = list(_leaves(exc))
-    detail = _describe(exc)
-    if tail := probe.stderr_tail():
-        detail = f"{detail}\n--- server stderr ---\n{tail}"[: 2 * MAX_DETAIL_CHARS]
+    detail = _describe(exc, conn.secrets)
+    if tail := probe.stderr_tail(conn.secrets):
+        detail = f"{detail}\n--- server stderr ---\n{tail}"
     label = conn.label
     status = probe.statuses.get(probe.phase)
     if status in (401, 403):

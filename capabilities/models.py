@@ -56,7 +56,8 @@ class McpServer(models.Model):
     slug = models.SlugField(max_length=64)
     name = models.CharField(max_length=200)
     transport = models.CharField(max_length=8, choices=McpTransport.choices, default=McpTransport.HTTP)
-    url = models.URLField(max_length=2000, blank=True, default="")
+    # Not a URLField: service names without a dot ("http://mcp:8000/mcp") are valid here.
+    url = models.CharField(max_length=2000, blank=True, default="")
     command = models.JSONField(default=list, blank=True, help_text="argv list for stdio servers")
     # Non-secret environment for stdio servers. A value "$credential" (or
     # "$credential.<field>") is replaced by the server's credential at spawn time.

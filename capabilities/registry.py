@@ -37,11 +37,9 @@ external_listing: Callable[[int], list[Capability]] | None = None
 
 
 def _load(dotted: str):
+    # A listed module that fails to import is a bug: let it raise, never hide an action.
     module, _, attr = dotted.rpartition(".")
-    try:
-        return getattr(import_module(module), attr)
-    except (ImportError, AttributeError):
-        return None
+    return getattr(import_module(module), attr)
 
 
 @cache

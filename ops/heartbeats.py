@@ -133,5 +133,7 @@ def on_beat_init(sender=None, **kwargs) -> None:
 
 def connect() -> None:
     signals.worker_ready.connect(on_worker_ready, weak=False, dispatch_uid="ops.heartbeat.worker_ready")
-    signals.worker_shutdown.connect(on_worker_shutdown, weak=False, dispatch_uid="ops.heartbeat.worker_shutdown")
+    signals.worker_shutdown.connect(
+        on_worker_shutdown, weak=False, dispatch_uid="ops.heartbeat.worker_shutdown"
+    )
     signals.beat_init.connect(on_beat_init, weak=False, dispatch_uid="ops.heartbeat.beat_init")

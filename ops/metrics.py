@@ -53,7 +53,9 @@ def _has_field(model, name: str) -> bool:
 def _histogram(name: str, doc: str, label: str, queryset, *, group_by: str, start: str, end: str) -> Metric:
     """Buckets of ``end - start`` per ``group_by`` value, counted by the database."""
     duration = ExpressionWrapper(F(end) - F(start), output_field=DurationField())
-    buckets = {f"le_{i}": Count("pk", filter=Q(duration__lte=timedelta(seconds=b))) for i, b in enumerate(BUCKETS)}
+    buckets = {
+        f"le_{i}": Count("pk", filter=Q(duration__lte=timedelta(seconds=b))) for i, b in enumerate(BUCKETS)
+    }
     rows = (
         queryset.alias(duration=duration)
         .values(group_by)
@@ -69,7 +71,9 @@ def _histogram(name: str, doc: str, label: str, queryset, *, group_by: str, star
 
 
 def processes() -> Iterator[Metric]:
-    workers = GaugeMetricFamily("autoplane_workers", "Live Celery workers consuming each queue.", labels=["queue"])
+    workers = GaugeMetricFamily(
+        "autoplane_workers", "Live Celery workers consuming each queue.", labels=["queue"]
+    )
     for queue, count in workers_by_queue(QUEUES).items():
         workers.add_metric([queue], count)
     yield workers
@@ -86,7 +90,9 @@ def processes() -> Iterator[Metric]:
 
 
 def broker() -> Iterator[Metric]:
-    backlog = GaugeMetricFamily("autoplane_queue_backlog", "Messages waiting in each broker queue.", labels=["queue"])
+    backlog = GaugeMetricFamily(
+        "autoplane_queue_backlog", "Messages waiting in each broker queue.", labels=["queue"]
+    )
     for queue, count in broker_backlog().items():
         backlog.add_metric([queue], count)
     yield backlog
@@ -161,7 +167,9 @@ SECTIONS: dict[str, Callable[[], Iterable[Metric]]] = {
 class PlatformCollector:
     def collect(self) -> Iterator[Metric]:
         errors = GaugeMetricFamily(
-            "autoplane_scrape_errors", "1 when a section of this scrape failed (see the web log).", labels=["section"]
+            "autoplane_scrape_errors",
+            "1 when a section of this scrape failed (see the web log).",
+            labels=["section"],
         )
         for section, produce in SECTIONS.items():
             try:

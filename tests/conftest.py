@@ -40,7 +40,9 @@ logger = logging.getLogger(__name__)
 # the flush, inside its transaction, and put them back right after. (PostgreSQL
 # flushes with TRUNCATE, which row triggers do not see, so it needs nothing.)
 def _patch_sqlite_flush() -> None:
-    from django.db.backends.sqlite3.operations import DatabaseOperations
+    from django.db.backends.sqlite3.base import DatabaseWrapper  # importing operations first is circular
+
+    DatabaseOperations = DatabaseWrapper.ops_class
 
     if getattr(DatabaseOperations.sql_flush, "keeps_audit_guard", False):
         return
@@ -48,7 +50,9 @@ def _patch_sqlite_flush() -> None:
     original = DatabaseOperations.sql_flush
 
     def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
-        statements = original(self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
+        statements = original(
+            self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade
+        )
         if not statements or "audit_auditevent" not in tables:
             return statements
         return [*guard.SQLITE_REMOVE, *statements, *guard.SQLITE_INSTALL]
@@ -83,7 +87,6 @@ def _clean_broker() -> None:
 @pytest.fixture(scope="session", autouse=True)
 def _fresh_broker():
     _clean_broker()
-    yield
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -117,7 +120,9 @@ class WorkerPool:
               **kwargs) -> live.WorkerProcess:  # fmt: skip
         """Another worker beside the shared one, kept until the session ends (or until ``.stop()``)."""
         with self._blocker.unblock():
-            worker = live.WorkerProcess(queues, concurrency=concurrency, pool=pool, name=name, **kwargs).start()
+            worker = live.WorkerProcess(
+                queues, concurrency=concurrency, pool=pool, name=name, **kwargs
+            ).start()
         self.extra.append(worker)
         return worker
 
@@ -169,7 +174,7 @@ def worker_factory(request, transactional_db, celery_session_pool):
 
 @pytest.fixture
 def beat_process(transactional_db):
-    """``beat_process(max_interval=1.0) -> BeatProcess``: a running celery beat, stopped after the test."""
+    """``beat_process(max_interval=1) -> BeatProcess``: a running celery beat, stopped after the test."""
     started: list[live.BeatProcess] = []
 
     def start(**kwargs) -> live.BeatProcess:

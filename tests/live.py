@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -111,12 +112,40 @@ def pids_with_env(name: str, value: str) -> list[int]:
     return found
 
 
-def is_alive(pid: int) -> bool:
+def _state(pid: int) -> str | None:
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
-        return False
-    return state != "Z"
+        return None
+
+
+def is_alive(pid: int) -> bool:
+    return _state(pid) not in (None, "Z")
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _pipes_of(pid: int) -> set[str]:
+    pipes = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("pipe:"):
+                pipes.add(target)
+    except OSError:
+        pass
+    return pipes
+
+
+_READ_SYSCALL = {"x86_64": "0", "aarch64": "63"}  # read(2) in /proc/<pid>/syscall
 
 
 # --- processes ----------------------------------------------------------------------
@@ -255,24 +284,56 @@ class WorkerProcess(LiveProcess):
             return []
         return [p for p in children_of(self.pid) if is_alive(p)]
 
-    def kill_pool_children(self, sig: int = signal.SIGKILL) -> list[int]:
-        """Kill every pool process (like the OOM killer would); the main process replaces them.
+    @property
+    def sync_pool(self) -> bool:
+        """True on a polling broker (the embedded one): Celery then runs a blocking pool, without its hub."""
+        broker = (self.env or {}).get("CELERY_BROKER_URL") or settings.CELERY_BROKER_URL
+        return not broker.startswith(("redis://", "rediss://", "amqp://", "amqps://", "pyamqp://"))
 
-        On the embedded (SQLAlchemy) broker the worker runs its pool without
-        Celery's async hub, and an *idle* prefork child waits for work holding
-        the pool's shared inqueue lock: SIGKILL it and the pool deadlocks (a
-        billiard limitation; Redis workers give each child its own pipe). There,
-        kill only a child that is executing a task: concurrency=1 while a task
-        runs, or the pid the task reported (``kill_pid``).
-        """
-        victims = self.pool_pids()
-        for pid in victims:
+    def idle_pool_pids(self) -> list[int]:
+        """Pool processes blocked reading the pool's shared job pipe, i.e. waiting for work."""
+        read = _READ_SYSCALL.get(platform.machine())
+        shared = _pipes_of(self.pid)
+        idle = []
+        for pid in self.pool_pids():
             try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        return victims
+                call = Path(f"/proc/{pid}/syscall").read_text().split()
+                if read is None or call[0] != read:
+                    continue
+                if os.readlink(f"/proc/{pid}/fd/{int(call[1], 16)}") in shared:
+                    idle.append(pid)
+            except (OSError, IndexError, ValueError):
+                continue
+        return idle
 
+    def kill_pool_children(self, sig: int = signal.SIGKILL) -> list[int]:
+        """Kill the pool processes (like the OOM killer would) and return their pids; the main process
+        replaces them.
+
+        On the embedded broker the pool is billiard's blocking pool, where an
+        idle child waits for work *holding the pool's shared job-pipe lock*: a
+        SIGKILL there deadlocks the whole pool for good (Redis workers give each
+        child a pipe of its own and are immune). So on that lane the children
+        are frozen (SIGSTOP), the idle ones, which hold no task and whose death
+        would change nothing but the deadlock, are thawed unharmed, and only
+        the busy ones are killed.
+        """
+        children = self.pool_pids()
+        if not self.sync_pool:
+            victims = children
+        else:
+            for pid in children:
+                _signal(pid, signal.SIGSTOP)
+            deadline = time.monotonic() + 2
+            while time.monotonic() < deadline and not all(_state(p) in ("T", "Z", None) for p in children):
+                time.sleep(0.005)
+            idle = set(self.idle_pool_pids())
+            victims = [pid for pid in children if pid not in idle]
+        for pid in victims:
+            _signal(pid, sig)
+        for pid in children:  # thaw the idle ones; a stopped victim needs it to see a catchable signal
+            _signal(pid, signal.SIGCONT)
+        return victims
 
     def kill_pid(self, pid: int, sig: int = signal.SIGKILL) -> None:
         """Kill one pool process, e.g. the one a task reported executing it."""
@@ -286,7 +347,9 @@ class BeatProcess(LiveProcess):
 
     kind = "beat"
 
-    def __init__(self, *, name: str | None = None, max_interval: float = 1.0, env: dict[str, str] | None = None):
+    def __init__(
+        self, *, name: str | None = None, max_interval: int = 1, env: dict[str, str] | None = None
+    ):
         name = name or f"beat-{uuid.uuid4().hex[:6]}"
         argv = [
             sys.executable, "-m", "celery", "-A", "config", "beat", "-l", "INFO",

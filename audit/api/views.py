@@ -30,7 +30,9 @@ class _VisibleEventsMixin:
         return workspaces_for(self.request.user, Permission.VIEW).values("id")
 
 
-@extend_schema(tags=["audit"], parameters=[AuditQuerySerializer], summary="Audit events of your workspaces, oldest first")
+@extend_schema(
+    tags=["audit"], parameters=[AuditQuerySerializer], summary="Audit events of your workspaces, oldest first"
+)
 class AuditEventListView(_VisibleEventsMixin, generics.ListAPIView):
     serializer_class = AuditEventSerializer
 

@@ -3,8 +3,8 @@
 * a throwaway Ed25519 signing key per test;
 * ``sent``: every Celery message the code under test sends (nothing reaches a broker);
 * ``target``: a local HTTP server counting requests per path — the side effect;
-* ``people``: a workspace (egress allowed to 127.0.0.1) with an owner (admin),
-  two approvers, an operator, a viewer and an outsider;
+* ``people``: workspace "ops" (egress allowed to 127.0.0.1) with owen (admin), alice, bob
+  and carol (approvers), oscar (operator), vera (viewer); olga administers another workspace;
 * ``drive`` (helpers.Driver): create automations and drive runs in-process through the
   real dispatcher and executor (``run_create`` → ``execute_run``; after a decision,
   ``run_resume`` exactly as the ``autoplane.resume_run`` task does, then ``execute_run``);
@@ -119,7 +119,7 @@ def _no_deployment_allowlist(settings) -> None:
     settings.AUTOPLANE_EGRESS_ALLOWLIST = []
 
 
-def _make_people(four_eyes: bool = False) -> SimpleNamespace:
+def _make_people() -> SimpleNamespace:
     from django.contrib.auth import get_user_model
 
     from workspaces.models import Workspace
@@ -127,7 +127,7 @@ def _make_people(four_eyes: bool = False) -> SimpleNamespace:
 
     users = get_user_model().objects
     workspace = workspace_get_or_create(slug="ops")
-    Workspace.objects.filter(pk=workspace.pk).update(egress_allowlist=["127.0.0.1"], four_eyes=four_eyes)
+    Workspace.objects.filter(pk=workspace.pk).update(egress_allowlist=["127.0.0.1"])
     workspace.refresh_from_db()
     other = workspace_get_or_create(slug="elsewhere")
     people = SimpleNamespace(workspace=workspace, other_workspace=other)
@@ -136,7 +136,7 @@ def _make_people(four_eyes: bool = False) -> SimpleNamespace:
         user = users.create_user(username=name, password=f"{name}-password")
         membership_set_role(workspace=workspace, user=user, role=role)
         setattr(people, name, user)
-    people.olga = users.create_user(username="olga", password="olga-password")  # belongs nowhere
+    people.olga = users.create_user(username="olga", password="olga-password")  # an outsider to "ops"
     membership_set_role(workspace=other, user=people.olga, role="admin")
     return people
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import pytest

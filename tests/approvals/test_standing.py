@@ -162,3 +162,15 @@ def test_standing_approval_for_call_capability_constrains_args_under_what(drive,
     )  # fmt: skip
 
     assert drive.start(automation).status == "awaiting_approval"
+
+
+def test_standing_approval_granted_while_a_step_waits_takes_its_request_off_the_queue(drive, target, setup):
+    run = drive.start(setup.automation)
+    waiting = drive.approval(run)
+    setup.grant()
+
+    run = drive.resume(run)  # the run comes back to the gate (e.g. the sweep re-sent resume_run)
+
+    assert run.status == "succeeded"
+    assert target.count(setup.path) == 1
+    assert Approval.objects.get(pk=waiting.pk).status == "invalidated"

@@ -48,7 +48,9 @@ def _install_guard() -> None:
 def _set_payload(event_id: int, payload: dict) -> None:
     cast = "::jsonb" if connection.vendor == "postgresql" else ""
     with connection.cursor() as cursor:
-        cursor.execute(f"UPDATE audit_auditevent SET payload = %s{cast} WHERE id = %s", [json.dumps(payload), event_id])
+        cursor.execute(
+            f"UPDATE audit_auditevent SET payload = %s{cast} WHERE id = %s", [json.dumps(payload), event_id]
+        )
         assert cursor.rowcount == 1
 
 

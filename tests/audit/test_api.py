@@ -40,7 +40,9 @@ def test_a_token_from_workspace_a_sees_none_of_workspace_b(api_users):
 def test_a_trace_comes_back_in_order_with_every_field(api_users):
     ws = api_users.ws_a.id
     for i in range(5):
-        writer.append(trace_id="trace-1", type=f"step.{i}", summary=f"step {i}", workspace_id=ws, refs={"run": 41})
+        writer.append(
+            trace_id="trace-1", type=f"step.{i}", summary=f"step {i}", workspace_id=ws, refs={"run": 41}
+        )
         writer.append(trace_id="other", type="noise", summary="noise", workspace_id=ws)
     body = _client(api_users.alice).get("/api/v1/audit", {"trace_id": "trace-1"}).json()
     assert [e["type"] for e in body["results"]] == [f"step.{i}" for i in range(5)]
@@ -87,7 +89,8 @@ def test_keys_are_public():
     assert response.status_code == 200
     (key,) = response.json()["keys"]
     assert key["key_id"] == signing.current_key_id()
-    assert key["algorithm"] == "Ed25519" and key["current"] is True
+    assert key["algorithm"] == "Ed25519"
+    assert key["current"] is True
 
 
 def test_verify_covers_only_the_callers_chains(api_users, tamper):
@@ -97,7 +100,8 @@ def test_verify_covers_only_the_callers_chains(api_users, tamper):
     tamper.set_payload(b_event.id, {"forged": True})
     # then Alice's chains verify, Bob's do not and name the event
     alice = _client(api_users.alice).get("/api/v1/audit/verify").json()
-    assert alice["ok"] is True and alice["broken"] is None
+    assert alice["ok"] is True
+    assert alice["broken"] is None
     assert alice["events"] == AuditEvent.objects.filter(workspace_id=api_users.ws_a.id).count()
     bob = _client(api_users.bob).get("/api/v1/audit/verify").json()
     assert bob["ok"] is False

@@ -47,14 +47,17 @@ def test_hash_text_parts_reassemble_the_canonical_json():
 @pytest.mark.django_db
 def test_append_links_each_event_to_the_previous_one():
     # when three events are appended to one workspace's chain
-    events = [writer.append(trace_id="t1", type="test.step", summary=f"step {i}", workspace_id=7) for i in range(3)]
+    events = [
+        writer.append(trace_id="t1", type="test.step", summary=f"step {i}", workspace_id=7) for i in range(3)
+    ]
     # then they are numbered 1..3, each linked to the previous hash, each hash reproducible from the row
     stored = list(AuditEvent.objects.filter(chain="ws-7").order_by("seq"))
     assert [e.seq for e in stored] == [1, 2, 3]
     assert stored[0].prev_hash == writer.GENESIS_HASH
     assert [e.prev_hash for e in stored[1:]] == [e.hash for e in stored[:-1]]
     for returned, row in zip(events, stored, strict=True):
-        assert returned.id == row.id and returned.hash == row.hash
+        assert returned.id == row.id
+        assert returned.hash == row.hash
         assert writer.event_hash(_stored_fields(row)) == row.hash
     head = AuditChainHead.objects.get(chain="ws-7")
     assert (head.seq, head.head_hash) == (3, stored[-1].hash)
@@ -135,19 +138,30 @@ def test_append_refuses_events_without_trace_or_with_unknown_outcome():
 
 @pytest.mark.django_db
 def test_an_append_rolled_back_with_its_change_leaves_the_chain_continuous():
+    def change_that_fails():
+        with transaction.atomic():
+            writer.append(trace_id="t", type="lost", summary="lost", workspace_id=5)
+            raise RuntimeError("the change failed")
+
     writer.append(trace_id="t", type="kept", summary="kept", workspace_id=5)
-    with pytest.raises(RuntimeError), transaction.atomic():
-        writer.append(trace_id="t", type="lost", summary="lost", workspace_id=5)
-        raise RuntimeError("the change failed")
+    with pytest.raises(RuntimeError):
+        change_that_fails()
     writer.append(trace_id="t", type="kept", summary="kept again", workspace_id=5)
-    assert list(AuditEvent.objects.filter(chain="ws-5").values_list("seq", "type")) == [(1, "kept"), (2, "kept")]
+    assert list(AuditEvent.objects.filter(chain="ws-5").values_list("seq", "type")) == [
+        (1, "kept"),
+        (2, "kept"),
+    ]
     assert verify_chain("ws-5").ok
 
 
 @pytest.mark.django_db
 def test_database_refuses_raw_update_of_an_event():
     event = writer.append(trace_id="t", type="x", summary="original")
-    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+    with (
+        pytest.raises(DatabaseError, match="append-only"),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
         cursor.execute("UPDATE audit_auditevent SET summary = %s WHERE id = %s", ["forged", event.id])
     assert AuditEvent.objects.get(pk=event.id).summary == "original"
 
@@ -155,7 +169,11 @@ def test_database_refuses_raw_update_of_an_event():
 @pytest.mark.django_db
 def test_database_refuses_raw_delete_of_an_event():
     event = writer.append(trace_id="t", type="x", summary="original")
-    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic(), connection.cursor() as cursor:
+    with (
+        pytest.raises(DatabaseError, match="append-only"),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
         cursor.execute("DELETE FROM audit_auditevent WHERE id = %s", [event.id])
     assert AuditEvent.objects.filter(pk=event.id).exists()
 

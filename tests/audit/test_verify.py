@@ -17,7 +17,9 @@ from audit.verify import verify_all, verify_chain
 
 def _events(n: int, workspace_id: int | None = 1) -> list[AuditEvent]:
     return [
-        writer.append(trace_id="t", type="test.event", summary=f"event {i}", workspace_id=workspace_id, payload={"i": i})
+        writer.append(
+            trace_id="t", type="test.event", summary=f"event {i}", workspace_id=workspace_id, payload={"i": i}
+        )
         for i in range(n)
     ]
 
@@ -55,7 +57,9 @@ def test_altered_row_with_recomputed_hash_breaks_the_next_link(tamper):
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("UPDATE audit_auditevent SET hash = %s WHERE id = %s", [writer.event_hash(fields), row.id])
+        cursor.execute(
+            "UPDATE audit_auditevent SET hash = %s WHERE id = %s", [writer.event_hash(fields), row.id]
+        )
     result = verify_chain("ws-1")
     assert result.broken.event_id == events[2].id
     assert "prev_hash" in result.broken.reason
@@ -101,7 +105,9 @@ def test_forged_checkpoint_signature_is_detected():
     _events(2)
     (checkpoint,) = checkpoint_write()
     other_key = Ed25519PrivateKey.generate()
-    data = checkpoint_bytes(chain="ws-1", seq=2, head_hash=checkpoint.head_hash, created_at=checkpoint.created_at)
+    data = checkpoint_bytes(
+        chain="ws-1", seq=2, head_hash=checkpoint.head_hash, created_at=checkpoint.created_at
+    )
     AuditCheckpoint.objects.create(
         chain="ws-1",
         seq=2,
@@ -121,7 +127,12 @@ def test_checkpoint_for_a_head_that_does_not_exist_is_detected():
     data = checkpoint_bytes(chain="ws-1", seq=2, head_hash="f" * 64, created_at=events[1].timestamp)
     key_id, signature = signing.sign(data)
     cp = AuditCheckpoint.objects.create(
-        chain="ws-1", seq=2, head_hash="f" * 64, created_at=events[1].timestamp, key_id=key_id, signature=signature
+        chain="ws-1",
+        seq=2,
+        head_hash="f" * 64,
+        created_at=events[1].timestamp,
+        key_id=key_id,
+        signature=signature,
     )
     result = verify_chain("ws-1")
     assert result.broken.checkpoint_id == cp.id
@@ -150,7 +161,8 @@ def test_rotation_re_signs_unmoved_chains_with_the_new_key(signing_key_file):
     assert second.key_id != first.key_id
     assert second.key_id == signing.current_key_id()
     result = verify_all()
-    assert result.ok and result.checkpoints == 2
+    assert result.ok
+    assert result.checkpoints == 2
 
 
 def test_offline_verifier_hashes_exactly_like_the_writer():
@@ -184,7 +196,10 @@ def test_key_file_is_private_and_key_id_is_sha256_prefix_of_the_public_key(signi
     assert signing.current_key_id() == signing.key_id_for(key.public_key())
     import hashlib
 
-    assert signing.current_key_id() == hashlib.sha256(signing.raw_public_bytes(key.public_key())).hexdigest()[:16]
+    assert (
+        signing.current_key_id()
+        == hashlib.sha256(signing.raw_public_bytes(key.public_key())).hexdigest()[:16]
+    )
 
 
 def test_sign_and_verify_round_trip_and_reject_tampering():
@@ -196,7 +211,9 @@ def test_sign_and_verify_round_trip_and_reject_tampering():
     assert not signing.verify(key_id, b"payload", signature[:-4])
 
 
-def test_old_signature_verifies_after_rotation_when_old_public_key_is_retired(settings, signing_key_file, tmp_path):
+def test_old_signature_verifies_after_rotation_when_old_public_key_is_retired(
+    settings, signing_key_file, tmp_path
+):
     # given a signature made with the old key
     old_key_id, signature = signing.sign(b"approve step 3")
     old_public = signing.signing_key().public_key()
@@ -242,6 +259,7 @@ def test_missing_key_is_generated_only_where_allowed(settings, tmp_path):
 def test_public_keys_shape():
     (entry,) = signing.public_keys()
     assert set(entry) == {"key_id", "algorithm", "public_key", "pem", "current"}
-    assert entry["algorithm"] == "Ed25519" and entry["current"] is True
+    assert entry["algorithm"] == "Ed25519"
+    assert entry["current"] is True
     assert len(signing.b64url_decode(entry["public_key"])) == 32
     assert entry["pem"].startswith("-----BEGIN PUBLIC KEY-----")

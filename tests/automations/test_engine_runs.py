@@ -287,3 +287,16 @@ def test_sweeper_requeues_runs_whose_worker_died(workspace, settings):
     Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     counts = services.runs_sweep()
     assert counts["lease_expired"] == 1
+
+
+def test_cancelling_a_run_awaiting_approval_closes_its_approval(workspace, drive):
+    from approvals.models import Approval
+
+    automation = create(workspace, {"step_id": "ask", "action": "require_approval", "config": {"message": "ok?"}})
+    run = drive(start(automation).pk)
+    assert run.status == RunStatus.AWAITING_APPROVAL
+    approval = Approval.objects.get(run_id=run.pk)
+    assert approval.status == "pending" and approval.why == "explicit approval step"
+    services.run_cancel(run=run)
+    assert Run.objects.get(pk=run.pk).status == RunStatus.CANCELLED
+    assert Approval.objects.get(pk=approval.pk).status == "invalidated"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -95,7 +96,7 @@ ESCAPES = [
     ("signing key", _reads(settings.AUTOPLANE_SIGNING_KEY_FILE), "FileNotFoundError"),
     ("credential keys", _reads(settings.DATA_DIR / "credential_keys"), "FileNotFoundError"),
     ("/etc/shadow", _reads("/etc/shadow"), "FileNotFoundError"),
-    ("the project's virtualenv", "import django", "ModuleNotFoundError"),
+    ("the project's virtualenv", _reads(Path(sys.prefix) / "pyvenv.cfg"), "FileNotFoundError"),
     ("write into /usr", "open('/usr/lib/escape', 'w')", "Read-only file system"),
     ("overwrite /etc/passwd", "open('/etc/passwd', 'w')", "Read-only file system"),
     ("write into the project", f"open({str(settings.BASE_DIR / 'escape.txt')!r}, 'w')", "FileNotFoundError"),
@@ -116,6 +117,7 @@ def test_the_platform_files_it_could_not_see_do_exist_on_the_host():
     assert (settings.BASE_DIR / "config" / "settings.py").is_file()
     assert (settings.DATA_DIR / "django_secret_key").is_file()
     assert Path("/etc/shadow").exists()
+    assert (Path(sys.prefix) / "pyvenv.cfg").is_file()
 
 
 def test_database_files_are_invisible(workspace, sandbox):

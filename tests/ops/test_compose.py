@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 
 import pytest
 import yaml
+from django.core.management import get_commands, load_command_class
 
 from config.celery import QUEUES
 from tests.live import REPO
@@ -23,11 +25,13 @@ def _ours(service: dict) -> bool:
 
 
 def _dry_run(command: list[str]) -> list[str]:
-    """The same command, made to check itself and exit: every option is parsed, nothing starts."""
+    """The same command, made to check itself and exit: every option is parsed, nothing starts.
+
+    Celery (click) rejects unknown options even with --help; gunicorn's
+    --check-config also imports the WSGI app.
+    """
     argv = OUR_ENTRY_POINTS[command[0]] + command[1:]
-    if command[0] == "gunicorn":
-        return [*argv, "--check-config"]
-    return [*argv, "--help"]
+    return [*argv, "--check-config"] if command[0] == "gunicorn" else [*argv, "--help"]
 
 
 def test_every_service_reads_the_env_file():
@@ -60,13 +64,29 @@ def test_app_services_wait_for_migrate_and_healthy_backends():
         assert depends["migrate"]["condition"] == "service_completed_successfully", name
         assert depends["postgres"]["condition"] == "service_healthy", name
     assert SERVICES["migrate"]["restart"] == "no"
-    assert "healthcheck" in SERVICES["postgres"] and "healthcheck" in SERVICES["redis"]
+    assert "healthcheck" in SERVICES["postgres"]
+    assert "healthcheck" in SERVICES["redis"]
 
 
-def test_every_command_of_ours_is_a_real_entry_point_with_valid_options():
-    commands = {name: _dry_run(s["command"]) for name, s in SERVICES.items() if _ours(s)}
-    assert {"migrate", "web", "beat", "worker-fast"} <= set(commands)
-    env = {**__import__("os").environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+def test_manage_py_commands_exist_and_accept_their_options():
+    manage = {
+        name: s["command"]
+        for name, s in SERVICES.items()
+        if s.get("command", [None])[:2] == ["python", "manage.py"]
+    }
+    assert "migrate" in manage
+    for name, command in manage.items():
+        app = get_commands()[command[2]]  # KeyError: no such command
+        parser = load_command_class(app, command[2]).create_parser("manage.py", command[2])
+
+        parser.parse_args(command[3:])  # CommandError on an unknown or malformed option
+
+
+def test_celery_and_gunicorn_commands_are_real_entry_points_with_valid_options():
+    commands = {name: _dry_run(s["command"]) for name, s in SERVICES.items()
+                if _ours(s) and s["command"][0] in ("celery", "gunicorn")}  # fmt: skip
+    assert {"web", "beat", "worker-fast", "worker-medium", "worker-long", "worker-default"} <= set(commands)
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
 
     running = {name: subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
                for name, argv in commands.items()}  # fmt: skip

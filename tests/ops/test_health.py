@@ -1,23 +1,21 @@
 from __future__ import annotations
 
-import os
-import time
 from datetime import timedelta
 
 import pytest
 from django.utils import timezone
 
-from config.celery import QUEUES, ping
-from config.celery import app as celery_app
+from config.celery import QUEUES
 from ops.metrics import _histogram
 from ops.models import Heartbeat, HeartbeatKind
-from ops.selectors import workers_by_queue
 from ops.tasks import TICK_NAME, beat_heartbeat
 
 
 def _beat(name: str, kind: str, *, queues=(), age: float = 0.0) -> Heartbeat:
     seen = timezone.now() - timedelta(seconds=age)
-    return Heartbeat.objects.create(name=name, kind=kind, queues=list(queues), pid=1, started_at=seen, seen_at=seen)
+    return Heartbeat.objects.create(
+        name=name, kind=kind, queues=list(queues), pid=1, started_at=seen, seen_at=seen
+    )
 
 
 @pytest.fixture
@@ -108,7 +106,8 @@ def test_metrics_speak_prometheus_text(client, no_heartbeats):
     assert "autoplane_beat_instances 0.0" in text
     assert "autoplane_audit_chain_length" in text
     assert 'autoplane_queue_backlog{queue="default"}' in text
-    for section in ("processes", "broker", "audit"):
+    assert 'autoplane_runs{status="succeeded"} 0.0' in text
+    for section in ("processes", "broker", "runs", "steps", "approvals", "audit"):
         assert f'autoplane_scrape_errors{{section="{section}"}} 0.0' in text
 
 
@@ -116,7 +115,9 @@ def test_duration_histograms_are_computed_by_the_database(no_heartbeats):
     # The Heartbeat table stands in for runs/steps: started_at -> seen_at is the duration.
     now = timezone.now()
     for name, seconds in [("a", 0.004), ("b", 0.3), ("c", 7.0)]:
-        Heartbeat.objects.create(name=name, kind="worker", started_at=now - timedelta(seconds=seconds), seen_at=now)
+        Heartbeat.objects.create(
+            name=name, kind="worker", started_at=now - timedelta(seconds=seconds), seen_at=now
+        )
 
     family = _histogram("h", "doc", "kind", Heartbeat.objects.all(), group_by="kind", start="started_at",
                         end="seen_at")  # fmt: skip
@@ -128,40 +129,3 @@ def test_duration_histograms_are_computed_by_the_database(no_heartbeats):
     assert samples[("h_bucket", "+Inf")] == 3
     assert samples[("h_count", None)] == 3
     assert samples[("h_sum", None)] == pytest.approx(7.304, abs=0.01)
-
-
-@pytest.mark.workers
-def test_a_worker_is_counted_for_its_queues_and_gone_when_it_stops(worker_factory):
-    worker = worker_factory(queues=["automations_fast", "automations_medium"])
-
-    assert workers_by_queue(QUEUES) == {"default": 0, "automations_fast": 1, "automations_medium": 1,
-                                        "automations_long": 0}  # fmt: skip
-    worker.stop()
-    assert not Heartbeat.objects.filter(name=worker.nodename).exists()
-
-
-@pytest.mark.workers
-def test_ping_runs_in_a_real_worker_process_on_every_queue(celery_workers):
-    for queue in QUEUES:
-        result = ping.apply_async(args=[queue], queue=queue).get(timeout=30, interval=0.02)
-
-        assert result["value"] == queue
-        assert result["pid"] != os.getpid()
-        assert result["pid"] in celery_workers.main.pids()
-
-
-@pytest.mark.workers
-def test_a_pool_process_killed_mid_task_is_replaced(worker_factory, tmp_path):
-    worker = worker_factory(queues=["automations_fast"], concurrency=1)
-    pid_file = tmp_path / "pid"
-    celery_app.send_task("tests.sleep", args=[30, str(pid_file)], queue="automations_fast")
-    deadline = time.monotonic() + 30
-    while not pid_file.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    victim = int(pid_file.read_text())
-
-    worker.kill_pid(victim)
-    result = ping.apply_async(args=["after"], queue="automations_fast").get(timeout=30, interval=0.02)
-
-    assert result["pid"] != victim
-    assert result["pid"] in worker.pool_pids()

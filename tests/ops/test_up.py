@@ -140,7 +140,9 @@ def test_up_gets_healthy_runs_tasks_on_every_queue_and_stops_without_leftovers(u
             # Then: a worker process of up's own executed it
             assert result["value"] == queue
             assert result["pid"] != os.getpid()
-            assert result["pid"] in marker_pids or result["pid"] in pids_with_env(MARKER, up_env["env"][MARKER])
+            assert result["pid"] in marker_pids or result["pid"] in pids_with_env(
+                MARKER, up_env["env"][MARKER]
+            )
         app.close()
 
         # When: SIGTERM; Then: exit 0 and no process of up's is left
@@ -190,8 +192,14 @@ def test_concurrent_processes_write_to_sqlite_without_database_is_locked(tmp_pat
     processes, per_process = 4, 200
 
     writers = [
-        subprocess.Popen([sys.executable, "-c", WRITER, str(n), str(per_process)], cwd=REPO, env=env,
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(n), str(per_process)],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
         for n in range(processes)
     ]
     for writer in writers:

@@ -344,30 +344,48 @@ def test_concurrent_fires_of_one_slot_start_one_run(make_automation, no_enqueue)
 
 
 @pytest.mark.workers
-@pytest.mark.django_db(transaction=True)
-def test_a_beat_tick_consumed_by_a_real_worker_starts_and_finishes_one_run(make_automation):
+def test_a_beat_tick_consumed_by_a_real_worker_starts_and_finishes_one_run(celery_workers, make_automation):
     from config.celery import app
-    from tests.live import WorkerProcess
 
     trigger = _trigger(make_automation, cron="* * * * *")
     now = datetime.now(UTC)
-    worker = WorkerProcess(concurrency=2).start()
-    try:
-        for _ in range(3):  # a duplicated tick (two beats, a redelivery) changes nothing
-            app.send_task(
-                "autoplane.fire_schedule", kwargs={"trigger_id": str(trigger.pk), "now": now.isoformat()}
-            )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            runs = _runs(trigger)
-            if runs and runs[0].status == RunStatus.SUCCEEDED:
-                break
-            time.sleep(0.1)
-        time.sleep(0.5)
-    finally:
-        worker.stop()
 
+    for _ in range(3):  # a duplicated tick (two beats, a redelivery) changes nothing
+        app.send_task(
+            "autoplane.fire_schedule", kwargs={"trigger_id": str(trigger.pk), "now": now.isoformat()}
+        )
+
+    assert _wait_for(lambda: [r.status for r in _runs(trigger)] == [RunStatus.SUCCEEDED], 60)
+    time.sleep(0.5)  # the duplicates have been consumed by now, too
     (run,) = _runs(trigger)
-    assert run.status == RunStatus.SUCCEEDED
     slot = schedules.slot_at_or_before("* * * * *", ZoneInfo("UTC"), now)
     assert run.trigger_payload["scheduled_for"] == slot.isoformat()
+
+
+@pytest.mark.workers
+def test_a_real_beat_fires_the_schedule_through_its_periodic_task(
+    celery_workers, beat_process, make_automation
+):
+    """Beat (DatabaseScheduler) reads the trigger's PeriodicTask and ticks at the next minute."""
+    trigger = _trigger(make_automation, cron="* * * * *", timezone="Europe/Berlin")
+    Trigger.objects.filter(pk=trigger.pk).update(
+        last_scheduled_for=schedules.schedule_baseline(trigger.config)
+    )
+
+    beat_process(max_interval=1)
+
+    assert _wait_for(lambda: any(r.status == RunStatus.SUCCEEDED for r in _runs(trigger)), 90)
+    first = _runs(trigger)[0]
+    slot = datetime.fromisoformat(first.trigger_payload["scheduled_for"])
+    assert (slot.second, slot.microsecond) == (0, 0)
+    assert first.created_at - slot < timedelta(seconds=30)
+    assert len({r.trigger_payload["scheduled_for"] for r in _runs(trigger)}) == len(_runs(trigger))
+
+
+def _wait_for(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()

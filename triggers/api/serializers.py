@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from ..models import Trigger
@@ -17,7 +19,8 @@ class TriggerOut(serializers.ModelSerializer):
         fields = ["id", "automation", "key", "type", "config", "enabled", "last_fired_at", "next_fire_at",
                   "has_token", "token_created_at", "token_revoked_at", "has_signing_secret", "created_at"]  # fmt: skip
 
-    def get_next_fire_at(self, trigger: Trigger):
+    @extend_schema_field(OpenApiTypes.DATETIME)
+    def get_next_fire_at(self, trigger: Trigger) -> str | None:
         moment = next_fire_at(trigger)
         return serializers.DateTimeField().to_representation(moment) if moment else None
 

@@ -44,7 +44,9 @@ def parse_concurrency(text: str) -> dict[str, int]:
                 name, _, value = item.partition("=")
                 queue = name.strip() if name.strip() in QUEUES else f"automations_{name.strip()}"
                 if queue not in QUEUES:
-                    raise CommandError(f"--concurrency: unknown queue {name.strip()!r} (queues: {', '.join(QUEUES)})")
+                    raise CommandError(
+                        f"--concurrency: unknown queue {name.strip()!r} (queues: {', '.join(QUEUES)})"
+                    )
                 result[queue] = int(value)
     except ValueError:
         raise CommandError(f"--concurrency: {text!r} is not N or queue=N,... with whole numbers")
@@ -105,7 +107,9 @@ def _load_examples(*, bootstrap: Bootstrap, say) -> None:
         say("examples not loaded: no examples/*.json")
     for path in paths:
         try:
-            automation = automation_create(workspace=workspace, definition=json.loads(path.read_text()), user=user)
+            automation = automation_create(
+                workspace=workspace, definition=json.loads(path.read_text()), user=user
+            )
         except Exception as exc:
             say(f"example {path.name} not loaded: {exc}")
         else:
@@ -167,7 +171,9 @@ class Command(BaseCommand):
             build_specs(host=host, port=port, concurrency=per_queue, web_workers=web_workers),
             stop_timeout=stop_timeout,
         )
-        threading.Thread(target=self._announce_ready, args=(supervisor, base, started, banner), daemon=True).start()
+        threading.Thread(
+            target=self._announce_ready, args=(supervisor, base, started, banner), daemon=True
+        ).start()
         code = supervisor.run()
         if code:
             raise SystemExit(code)
@@ -194,7 +200,9 @@ class Command(BaseCommand):
 
     def _banner(self, base: str, bootstrap: Bootstrap | None, *, urls: bool = True) -> str:
         db = settings.DATABASES["default"]
-        database = db["NAME"] if settings.DATABASE_IS_SQLITE else f"{db.get('HOST') or 'localhost'}/{db['NAME']}"
+        database = (
+            db["NAME"] if settings.DATABASE_IS_SQLITE else f"{db.get('HOST') or 'localhost'}/{db['NAME']}"
+        )
         broker = settings.CELERY_BROKER_URL.split("@")[-1]  # never print a broker password
         lines = [""]
         if urls:
@@ -217,7 +225,9 @@ class Command(BaseCommand):
             try:
                 with urllib.request.urlopen(f"{base}/healthz", timeout=2) as response:  # noqa: S310
                     if response.status == 200:
-                        supervisor.say("up", f"autoplane is healthy ({time.monotonic() - started:.1f} s after start)")
+                        supervisor.say(
+                            "up", f"autoplane is healthy ({time.monotonic() - started:.1f} s after start)"
+                        )
                         for line in banner.splitlines():
                             supervisor.say("up", line)
                         return
