@@ -92,7 +92,9 @@ def _parse_private_key(text: str, source: str) -> Ed25519PrivateKey:
         if text.startswith("-----BEGIN"):
             key = serialization.load_pem_private_key(text.encode(), password=None)
         else:
-            raw = base64.b64decode(text.replace("-", "+").replace("_", "/") + "=" * (-len(text) % 4))
+            raw = base64.b64decode(
+                text.replace("-", "+").replace("_", "/") + "=" * (-len(text) % 4), validate=True
+            )
             if len(raw) != 32:
                 raise ValueError("expected 32 raw bytes")
             key = Ed25519PrivateKey.from_private_bytes(raw)

@@ -172,6 +172,9 @@ AUTOPLANE_AUDIT_MAX_PAYLOAD_BYTES = env.int("AUTOPLANE_AUDIT_MAX_PAYLOAD_BYTES",
 AUTOPLANE_CREDENTIAL_KEYS = env.list("AUTOPLANE_CREDENTIAL_KEYS", default=[])
 AUTOPLANE_EGRESS_ALLOWLIST = env.list("AUTOPLANE_EGRESS_ALLOWLIST", default=[])
 AUTOPLANE_SANDBOX_BACKEND = env.str("AUTOPLANE_SANDBOX_BACKEND", default="bubblewrap")
+# run_python/run_shell with "network": "allow" share the worker's network, loopback
+# included; refuse it unless the deployment has isolated its workers' network.
+AUTOPLANE_SANDBOX_ALLOW_NETWORK = env.bool("AUTOPLANE_SANDBOX_ALLOW_NETWORK", default=False)
 AUTOPLANE_BWRAP_PATH = env.str("AUTOPLANE_BWRAP_PATH", default="bwrap")
 if AUTOPLANE_SANDBOX_BACKEND not in ("bubblewrap", "subprocess"):
     raise ImproperlyConfigured("AUTOPLANE_SANDBOX_BACKEND must be 'bubblewrap' or 'subprocess'")

@@ -39,6 +39,8 @@ import signal
 from collections.abc import Mapping
 from typing import Any
 
+from django.conf import settings
+
 from .. import sandbox
 from ..base import (
     ActionContext,
@@ -333,6 +335,14 @@ def build_request(ctx: ActionContext, config: Mapping[str, Any], kind: str) -> s
 
 def _run(ctx: ActionContext, config: Mapping[str, Any], kind: str) -> Envelope:
     request = build_request(ctx, config, kind)
+    if request.network and not settings.AUTOPLANE_SANDBOX_ALLOW_NETWORK:
+        # A granted network is the worker's own, loopback included (the database and
+        # broker): only a deployment that has isolated its workers may turn it on.
+        return Envelope.failure(
+            ErrorCode.SANDBOX_VIOLATION,
+            "network access for sandboxed code is disabled on this platform (AUTOPLANE_SANDBOX_ALLOW_NETWORK)",
+            retryable=False,
+        )
     try:
         result = sandbox.run_sandboxed(request)
     except sandbox.SandboxUnavailable as exc:

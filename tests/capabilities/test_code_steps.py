@@ -336,6 +336,18 @@ def test_networked_code_step_waits_for_approval_and_has_not_run(workspace, sandb
     assert step_of(run, "fetch").output is None
 
 
+def test_granted_network_is_refused_unless_the_deployment_allows_it(workspace, sandbox, settings):
+    step = shell("fetch", "echo ran", config={"network": "allow"})
+    run = run_to_rest(workspace, step, execution={"autonomy": "A4"})
+    assert run.status == RunStatus.FAILED
+    assert step_of(run, "fetch").error_code == "SANDBOX_VIOLATION"
+    assert "AUTOPLANE_SANDBOX_ALLOW_NETWORK" in step_of(run, "fetch").error_message
+
+    settings.AUTOPLANE_SANDBOX_ALLOW_NETWORK = True
+    run = run_to_rest(workspace, step, execution={"autonomy": "A4"})
+    assert run.status == RunStatus.SUCCEEDED and run.output == "ran"
+
+
 # --- timeouts and routing -----------------------------------------------------------------
 
 
