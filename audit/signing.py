@@ -131,7 +131,11 @@ def _retired_paths() -> list[Path]:
 
 
 def _autogenerate() -> bool:
-    return bool(getattr(settings, "AUTOPLANE_SIGNING_KEY_AUTOGENERATE", settings.DATABASE_IS_SQLITE))
+    return bool(
+        getattr(
+            settings, "AUTOPLANE_SIGNING_KEY_AUTOGENERATE", getattr(settings, "DATABASE_IS_SQLITE", False)
+        )
+    )
 
 
 def generate_key_file(path: Path | str, force: bool = False) -> Ed25519PrivateKey:

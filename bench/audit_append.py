@@ -10,7 +10,9 @@ Measures, each on fresh chains (ids in a reserved range, so real workspaces are 
 3. N processes appending, each to its own chain (how workspaces append in parallel).
 
 Every append is its own transaction (the worst case: one commit per event). After
-each run every chain written is verified. The rows stay in the ledger, which is
+each run every chain written is verified. CPU per append (client process, plus
+the PostgreSQL backend when it runs on this machine) is printed too: on a shared
+machine it says more than the wall-clock rate. The rows stay in the ledger, which is
 append-only; point DATABASE_URL / AUTOPLANE_DATA_DIR at a scratch database.
 """
 
@@ -36,6 +38,20 @@ def _setup() -> None:
     django.setup()
 
 
+def _backend_cpu(connection) -> float | None:
+    """CPU seconds used so far by this connection's PostgreSQL backend, when it runs on this machine."""
+    if connection.vendor != "postgresql":
+        return 0.0
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _worker(barrier, results, workspace_id: int, count: int, name: str) -> None:
     _setup()
     from django.db import connection
@@ -45,6 +61,8 @@ def _worker(barrier, results, workspace_id: int, count: int, name: str) -> None:
     connection.ensure_connection()
     writer.append(trace_id=f"bench-{name}", type="bench.warmup", summary="warm up", workspace_id=workspace_id)
     barrier.wait()
+    server_cpu = _backend_cpu(connection)
+    client_cpu = time.process_time()
     start = time.perf_counter()
     for i in range(count):
         writer.append(
@@ -55,11 +73,15 @@ def _worker(barrier, results, workspace_id: int, count: int, name: str) -> None:
             refs={"run": i},
             payload={"process": name, "i": i, "note": "a small but realistic payload"},
         )
-    results.put((name, start, time.perf_counter(), count))
+    finished = time.perf_counter()
+    client_cpu = time.process_time() - client_cpu
+    server_after = _backend_cpu(connection)
+    server_cpu = None if server_cpu is None or server_after is None else server_after - server_cpu
+    results.put((name, start, finished, count, client_cpu, server_cpu))
     connection.close()
 
 
-def _run(label: str, workspace_ids: list[int], count: int) -> float:
+def _run(label: str, workspace_ids: list[int], count: int) -> tuple[float, str]:
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(len(workspace_ids))
     results = ctx.Queue()
@@ -77,7 +99,11 @@ def _run(label: str, workspace_ids: list[int], count: int) -> float:
     started = min(r[1] for r in rows)
     finished = max(r[2] for r in rows)
     total = sum(r[3] for r in rows)
-    return total / (finished - started)
+    client_us = sum(r[4] for r in rows) / total * 1e6
+    cpu = f"client {client_us:.0f} us"
+    if all(r[5] is not None for r in rows):
+        cpu += f" + database {sum(r[5] for r in rows) / total * 1e6:.0f} us"
+    return total / (finished - started), cpu
 
 
 def _verify(workspace_ids: list[int]) -> str:
@@ -107,9 +133,11 @@ def main() -> None:
         (f"{n} processes, 1 shared chain", [base + 2] * n),
         (f"{n} processes, {n} chains", [base + 10 + i for i in range(n)]),
     ]
+    print(f"load average before: {os.getloadavg()[0]:.1f}")
     for label, workspace_ids in cases:
-        rate = _run(label.split(",")[0].replace(" ", ""), workspace_ids, args.events)
-        print(f"{label:<28} {rate:8.0f} appends/s   {_verify(workspace_ids)}")
+        rate, cpu = _run(label.split(",")[0].replace(" ", ""), workspace_ids, args.events)
+        print(f"{label:<28} {rate:8.0f} appends/s   CPU per append: {cpu:<30} {_verify(workspace_ids)}")
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

@@ -97,8 +97,8 @@ def triggers_sync(automation: Automation) -> None:
         }
         for key, trigger in existing.items():
             if key not in wanted or wanted[key]["type"] != trigger.type:
-                _delete(trigger)
                 _audit(trigger, "trigger.deleted", "removed from the definition")
+                _delete(trigger)
         for key, spec in wanted.items():
             trigger = existing.get(key)
             if trigger is None or trigger.type != spec["type"]:

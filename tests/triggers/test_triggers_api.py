@@ -168,3 +168,12 @@ def test_the_admin_rotate_action_shows_the_token_once(db, make_automation, works
     listing = client.get("/admin/triggers/trigger/")
     assert listing.status_code == 200
     assert token not in listing.content.decode()
+
+
+def test_a_removed_trigger_is_audited_under_its_id(db, make_automation, owner):
+    automation = make_automation(definition(triggers=[webhook()]))
+    trigger_id = str(automation.triggers.get().pk)
+
+    services.automation_update(automation=automation, user=owner, definition=definition())
+
+    assert AuditEvent.objects.get(type="trigger.deleted").refs["trigger"] == trigger_id
