@@ -192,3 +192,30 @@ def queue_isolation(
         conn.default_channel.queue_purge(QUEUE_LONG)
     report.add("isolation_ratio", busy / idle, f"queue isolation: trigger → start p50 idle {idle:.2f} ms, with "
                f"{backlog} tasks on the long queue {busy:.2f} ms = {busy / idle:.2f}x idle")  # fmt: skip
+
+
+def webhook(report: Report, n: int) -> None:
+    from bench.triggers_bench import bench_webhook_fire
+
+    result = bench_webhook_fire(n, clients=8)
+    server, client = result["latency"]["server"], result["latency"]["client"]
+    base50, base99 = report.figures["celery_p50_ms"], report.figures["celery_p99_ms"]
+    report.add("webhook_p50_ms", server["p50_ms"], f"webhook fire → succeeded (created_at → finished_at): p50 "
+               f"{server['p50_ms']:.2f} ms = {server['p50_ms'] / base50:.2f}x celery p50, p99 {server['p99_ms']:.2f} ms = "
+               f"{server['p99_ms'] / base99:.2f}x celery p99; polling client p50 {client['p50_ms']:.2f} ms")  # fmt: skip
+    throughput = result["throughput"]
+    rate = throughput["runs_per_second"] or 0.0
+    report.add("webhook_runs_per_s", rate, f"webhook sustained (8 clients, {throughput['fired']} fires, "
+               f"{throughput['errors']} errors): {rate:.0f} runs/s = "
+               f"{rate / report.figures['celery_drain_per_s']:.2f}x celery drain rate")  # fmt: skip
+
+
+def event_matching(report: Report) -> None:
+    from bench.triggers_bench import bench_event_matching
+
+    result = bench_event_matching(subscribed=10, unsubscribed=10000)
+    levels = ", ".join(
+        f"{count} others: p50 {summary['p50_ms']:.3f} ms" for count, summary in result["levels"].items()
+    )
+    report.add("event_matching_growth", result["growth"] or 0.0,
+               f"event matching with 10 subscribers ({levels}); growth {result['growth']}x")  # fmt: skip

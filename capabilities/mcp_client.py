@@ -235,9 +235,14 @@ def _run(conn: Connection, body: Callable[[Client, _Probe], Awaitable[T]], *, re
     probe = _Probe()
     outcome: list[T] = []
 
+    async def recorded(client: Client) -> T:
+        # Kept as soon as it arrives, so a failure while closing the session cannot lose it.
+        outcome.append(await body(client, probe))
+        return outcome[0]
+
     async def main() -> None:
         with anyio.fail_after(conn.timeout):
-            outcome.append(await _session(conn, probe, lambda client: body(client, probe)))
+            await _session(conn, probe, recorded)
 
     errlog = (
         tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
@@ -247,7 +252,7 @@ def _run(conn: Connection, body: Callable[[Client, _Probe], Awaitable[T]], *, re
     probe.errlog = errlog
     try:
         run_async(main)
-    except Exception as exc:  # noqa: BLE001 - every failure is classified below
+    except Exception as exc:  # every failure is classified below
         if outcome and probe.phase == "done":
             # The answer arrived; only closing the session failed.
             logger.info(

@@ -19,7 +19,11 @@ class Command(BaseCommand):
                             "webhook events audit sandbox")  # fmt: skip
 
     def handle(self, *args, n, runs, fast_concurrency, skip, **options):
+        import logging
+
         from django.conf import settings
+
+        logging.getLogger().setLevel(logging.WARNING)  # per-step INFO lines would drown the figures
 
         from workspaces.services import api_token_create, workspace_get_or_create
 
@@ -47,3 +51,13 @@ class Command(BaseCommand):
                 engine_bench.step_slope(report, client_factory, plans, max(20, n // 5))
             if "isolation" not in skip:
                 engine_bench.queue_isolation(report, client_factory, one, max(20, n // 5))
+            if "webhook" not in skip:
+                engine_bench.webhook(report, runs)
+            if "events" not in skip:
+                engine_bench.event_matching(report)
+            if "sandbox" not in skip:
+                from bench import sandbox_bench
+
+                sandbox_bench.bench_sandbox_overhead(50, report=report)
+                sandbox_bench.bench_fast_queue_sandboxed(max(50, runs // 4), report=report, baseline=True)
+        self.stdout.write("\nsummary: " + ", ".join(f"{k}={v:.3g}" for k, v in report.figures.items()))
