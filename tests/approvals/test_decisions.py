@@ -310,10 +310,14 @@ def test_only_approvers_get_links(people, parked):
 
 
 def test_run_cancelled_while_awaiting_is_not_resumed(drive, people, parked):
+    from approvals.services import ApprovalError
     from automations.services import run_cancel
 
     run_cancel(run=parked.run, user=people.owen)
-    drive.decide(parked.approval, people.alice)
+    parked.approval.refresh_from_db()
+    assert parked.approval.status == "invalidated"  # cancelling closes the open approval
+    with pytest.raises(ApprovalError):
+        drive.decide(parked.approval, people.alice)
 
     run = drive.resume(parked.run)
 
