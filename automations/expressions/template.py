@@ -8,216 +8,96 @@ allocate (at compile time too: Jinja folds nothing that could grow); and stops a
 runs past its CPU budget from hooks the sandbox calls on every attribute, item, call,
 operator, output and loop iteration. Every failure leaves as `TemplateError` with a message
 that is safe to show a user or an LLM.
+
+The curated filters and tests live in `filters`; the caps, errors, budget and size-checked
+value conversion that both share live in `limits`. This module is the public interface: import
+from here.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import math
 import re
-import time
 import types
-import unicodedata
-from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from contextvars import ContextVar
-from datetime import UTC, date, datetime
 from typing import Any, NamedTuple
 
 from jinja2 import Template, nodes, pass_context
 from jinja2 import exceptions as jinja_errors
 from jinja2.runtime import LoopContext, Macro, StrictUndefined, Undefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment, is_internal_attribute, modifies_known_mutable
-from jinja2.tests import TESTS as JINJA_TESTS
 from jinja2.utils import missing
 
+from .filters import ALLOWED_FILTERS, ALLOWED_TESTS, FILTERS, TESTS
+from .limits import (
+    CURRENT_BUDGET,
+    MAX_ALLOCATED_BYTES,
+    MAX_INT_BITS,
+    MAX_NESTING,
+    MAX_OUTPUT_BYTES,
+    MAX_SLUG_INPUT,
+    MAX_SOURCE_BYTES,
+    OUTPUT_LIMIT_MESSAGE,
+    RENDER_BUDGET_SECONDS,
+    WALL_BACKSTOP_SECONDS,
+    Budget,
+    TemplateError,
+    TemplateLimitError,
+    as_text,
+    charge,
+    check_text,
+    is_int,
+    json_copy,
+    reserve,
+    tick,
+    to_json,
+)
+
+__all__ = [
+    "ALLOWED_FILTERS",
+    "ALLOWED_TESTS",
+    "MAX_ALLOCATED_BYTES",
+    "MAX_INT_BITS",
+    "MAX_NESTING",
+    "MAX_OUTPUT_BYTES",
+    "MAX_SLUG_INPUT",
+    "MAX_SOURCE_BYTES",
+    "RENDER_BUDGET_SECONDS",
+    "WALL_BACKSTOP_SECONDS",
+    "TemplateError",
+    "TemplateLimitError",
+    "evaluate_predicate",
+    "is_template",
+    "iter_templates",
+    "render",
+    "render_value",
+    "validate_template",
+]
+
 logger = logging.getLogger(__name__)
-
-MAX_SOURCE_BYTES = 8 * 1024
-MAX_OUTPUT_BYTES = 1024 * 1024
-RENDER_BUDGET_SECONDS = 0.1
-# The budget is measured on the rendering thread's CPU clock, so a busy machine does not fail
-# good templates; the wall clock is only a backstop.
-WALL_BACKSTOP_SECONDS = 0.5
-MAX_ALLOCATED_BYTES = 16 * MAX_OUTPUT_BYTES  # everything one render may build, all values together
-MAX_INT_BITS = 4096
-MAX_NESTING = 64
-MAX_SLUG_INPUT = 10_000
-
-_OUTPUT_LIMIT = "template output would exceed 1 MB"
-
-
-class TemplateError(Exception):
-    """A template that cannot be used; `message` is safe to show a user or an LLM."""
-
-    code = "TEMPLATE_ERROR"
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-class TemplateLimitError(TemplateError):
-    code = "TEMPLATE_LIMIT"
 
 
 def _forbidden(name: Any) -> TemplateError:
     return TemplateError(f"template uses a forbidden attribute {str(name)[:40]!r}")
 
 
-# -- budget ----------------------------------------------------------------------------------
-
-
-class _Budget:
-    __slots__ = ("allocated", "cpu_deadline", "message", "ticks", "wall_deadline")
-
-    def __init__(self, doing: str, seconds: float) -> None:
-        self.cpu_deadline = time.thread_time() + seconds
-        self.wall_deadline = time.monotonic() + seconds * WALL_BACKSTOP_SECONDS / RENDER_BUDGET_SECONDS
-        self.message = f"template {doing} exceeded {seconds * 1000:.0f} ms"
-        self.ticks = 0
-        self.allocated = 0
-
-
-_BUDGET: ContextVar[_Budget | None] = ContextVar("template_budget", default=None)
-
-
-def _tick() -> None:
-    budget = _BUDGET.get()
-    if budget is None:
-        return
-    budget.ticks += 1
-    if budget.ticks & 7 == 0 and (
-        time.thread_time() > budget.cpu_deadline or time.monotonic() > budget.wall_deadline
-    ):
-        raise TemplateLimitError(budget.message)
-
-
-def _reserve(size: int, *, single: bool = True) -> None:
-    """Account for a value about to be built; refuse it before it is allocated. Every value
-    counts towards the render's total; `single` ones must also fit the output cap."""
-    if single and size > MAX_OUTPUT_BYTES:
-        raise TemplateLimitError(_OUTPUT_LIMIT)
-    budget = _BUDGET.get()
-    if budget is not None:
-        budget.allocated += size
-        if budget.allocated > MAX_ALLOCATED_BYTES:
-            raise TemplateLimitError("template built more than 16 MB of values")
-
-
-# -- values ----------------------------------------------------------------------------------
-
-
-def _charge(value: Any, new_items: bool = False) -> None:
-    """Count a value just derived from existing data (a slice, a method's or filter's result)
-    against the render's total, so that repeating it cannot exhaust memory."""
-    if isinstance(value, str):
-        _reserve(len(value), single=False)
-    elif isinstance(value, list | tuple):
-        per_item = 64 if new_items else 8
-        _reserve(
-            sum(len(item) + per_item if isinstance(item, str) else per_item for item in value), single=False
-        )
-
-
-def _check_text(text: str) -> int:
-    """The UTF-8 size of text a template produced, which must be storable (PostgreSQL refuses NUL)."""
-    if "\x00" in text:
-        raise TemplateError("template produced a NUL character")
-    if text.isascii():
-        return len(text)
-    try:
-        return len(text.encode("utf-8"))
-    except UnicodeEncodeError:
-        raise TemplateError("template produced invalid Unicode text") from None
-
-
-def _walk(value: Any, limit: int = MAX_OUTPUT_BYTES, indent: int = 0) -> tuple[Any, int]:
-    """A JSON-safe copy of `value` (tuples become lists, dates ISO text) and its approximate JSON
-    size; refuses it as soon as the size passes `limit`."""
-    size = 0
-
-    def key_text(key: Any) -> str:
-        nonlocal size
-        if isinstance(key, int) and not isinstance(key, bool):
-            key = str(key)
-        elif not isinstance(key, str):
-            raise TemplateError("template produced an object key that is not text")
-        size += len(key) + 4
-        return str(key)
-
-    def copy(item: Any, depth: int) -> Any:
-        nonlocal size
-        size += 2 + depth * indent
-        if isinstance(item, str):
-            size += _check_text(item)
-            result = str(item)
-        elif item is None or isinstance(item, bool):
-            result = item
-        elif isinstance(item, int):
-            if item.bit_length() > MAX_INT_BITS:
-                raise TemplateLimitError("number is too large")
-            size += item.bit_length() // 3
-            result = int(item)
-        elif isinstance(item, float):
-            if not math.isfinite(item):
-                raise TemplateError("template produced a number that is not finite")
-            size += 22
-            result = float(item)
-        # builtin types first: isinstance against the ABCs is slower
-        elif isinstance(item, dict | list | tuple | Mapping | KeysView | ValuesView | ItemsView):
-            if depth >= MAX_NESTING:
-                raise TemplateLimitError("value is nested too deeply")
-            _tick()
-            if size > limit:
-                raise TemplateLimitError(_OUTPUT_LIMIT)
-            if isinstance(item, Mapping):
-                return {key_text(key): copy(child, depth + 1) for key, child in item.items()}
-            return [copy(child, depth + 1) for child in item]
-        elif isinstance(item, datetime | date):
-            return copy(item.isoformat(), depth)
-        elif isinstance(item, Undefined):
-            item._fail_with_undefined_error()
-        else:
-            raise TemplateError("template produced a value that cannot be represented as JSON")
-        if size > limit:
-            raise TemplateLimitError(_OUTPUT_LIMIT)
-        return result
-
-    return copy(value, 0), size
-
-
-def _to_json(value: Any) -> Any:
-    return _walk(value)[0]
-
-
-def _dumps(value: Any, indent: int | None = None) -> str:
-    plain = _walk(value, indent=indent or 0)[0]
-    if not isinstance(plain, dict | list):
-        return json.dumps(plain)  # a scalar: the fast path
-    text = json.dumps(plain, ensure_ascii=False, allow_nan=False, indent=indent)
-    _reserve(len(text))
-    return text
-
-
-def _text(value: Any) -> str:
-    """How a value reads inside text: strings as they are, everything else as JSON."""
-    return value if isinstance(value, str) else _dumps(value)
+# -- output and operators --------------------------------------------------------------------
 
 
 def _output(value: Any) -> str:  # the environment's `finalize`: every `{{ }}` goes through it
-    _tick()
-    return _text(value)
+    tick()
+    return as_text(value)
 
 
 def _size(value: Any, limit: int) -> int:
     if isinstance(value, str):
         if len(value) > limit:
-            raise TemplateLimitError(_OUTPUT_LIMIT)
+            raise TemplateLimitError(OUTPUT_LIMIT_MESSAGE)
         return len(value)
-    return _walk(value, limit)[1]
+    return json_copy(value, limit)[1]
 
 
 def _kind(value: Any) -> str:  # a value's type in JSON words, for messages
@@ -227,26 +107,22 @@ def _kind(value: Any) -> str:  # a value's type in JSON words, for messages
     return "list" if isinstance(value, list | tuple) else "null" if value is None else "a non-JSON value"
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int)  # bool included, as Python does
-
-
 def _check_binop(operator: str, left: Any, right: Any) -> None:
     """Refuse an operator whose result would be too large, before computing it."""
-    if operator == "**" and _is_int(left) and _is_int(right) and right > 0 and abs(left) > 1:
+    if operator == "**" and is_int(left) and is_int(right) and right > 0 and abs(left) > 1:
         # a huge int power runs in C holding the GIL: nothing could stop it once started
         if right > MAX_INT_BITS or right * math.log2(abs(left)) > MAX_INT_BITS:
             raise TemplateLimitError("number would be too large")
     elif operator == "*":
-        if _is_int(left) and _is_int(right):
+        if is_int(left) and is_int(right):
             if left.bit_length() + right.bit_length() > MAX_INT_BITS:
                 raise TemplateLimitError("number would be too large")
             return
-        sequence, count = (left, right) if _is_int(right) else (right, left)
-        if _is_int(count) and count > 0 and isinstance(sequence, str | list | tuple):
-            _reserve(_size(sequence, MAX_OUTPUT_BYTES // count) * count)
+        sequence, count = (left, right) if is_int(right) else (right, left)
+        if is_int(count) and count > 0 and isinstance(sequence, str | list | tuple):
+            reserve(_size(sequence, MAX_OUTPUT_BYTES // count) * count)
     elif operator == "+" and isinstance(left, str | list | tuple) and isinstance(right, str | list | tuple):
-        _reserve(_size(left, MAX_OUTPUT_BYTES) + _size(right, MAX_OUTPUT_BYTES))
+        reserve(_size(left, MAX_OUTPUT_BYTES) + _size(right, MAX_OUTPUT_BYTES))
 
 
 _PERCENT_SPEC = re.compile(r"%(?:\([^)]*\))?[-#0 +]*(\*|\d+)?(?:\.(\*|\d*))?(.)?", re.DOTALL)
@@ -266,215 +142,31 @@ def _percent_format(template: str, args: Any) -> str:
         estimate += 200
     for value in values:
         estimate += len(value) if isinstance(value, str) else 330 if isinstance(value, float) else 8
-        if _is_int(value):
+        if is_int(value):
             estimate += value.bit_length() // 3
-    _reserve(estimate)
+    reserve(estimate)
     return template % args
 
 
-# -- filters ---------------------------------------------------------------------------------
-
-
-def _filter(func: Any, accepts_undefined: bool = False, builds: bool = False) -> Any:
-    # Filters take the context only so that Jinja never runs them while compiling (constant
-    # folding), where no budget applies.
-    @pass_context
-    @functools.wraps(func)
-    def run(_context: Any, value: Any, *args: Any, **kwargs: Any) -> Any:
-        _tick()
-        if isinstance(value, Undefined) and not accepts_undefined:
-            value._fail_with_undefined_error()
-        result = func(value, *args, **kwargs)
-        if builds:
-            _charge(result)
-        return result
-
-    return run
-
-
-def _default(value: Any, default_value: Any = "", boolean: bool = False) -> Any:
-    return default_value if isinstance(value, Undefined) or (boolean and not value) else value
-
-
-def _join(value: Any, separator: Any = "") -> str:
-    separator = _text(separator)
-    parts, size = [], 0
-    for item in value:
-        _tick()
-        part = _text(item)
-        size += len(part) + len(separator)
-        if size > MAX_OUTPUT_BYTES:
-            raise TemplateLimitError(_OUTPUT_LIMIT)
-        parts.append(part)
-    _reserve(size)
-    return separator.join(parts)
-
-
-def _truncate(
-    value: Any, length: int = 255, killwords: bool = False, end: str = "...", leeway: int = 5
-) -> str:
-    text, end = _text(value), _text(end)
-    if length < len(end) or leeway < 0:
-        raise TemplateError("truncate: length must be at least the length of the end marker")
-    if len(text) <= length + leeway:
-        return text
-    cut = text[: length - len(end)]
-    return (cut if killwords else cut.rsplit(" ", 1)[0]) + end
-
-
-def _tojson(value: Any, indent: int | None = None) -> str:
-    if indent is not None and not (_is_int(indent) and 0 <= indent <= 8):
-        raise TemplateError("tojson: indent must be between 0 and 8")
-    return _dumps(value, indent)
-
-
-_DATE_FORMAT = re.compile(r"(?:[^%]|%[aAbBcdfGHIjmMpSuUVwWxXyYzZ%])*")
-
-
-def _date(value: Any, format: str = "%Y-%m-%d") -> str:
-    try:
-        if isinstance(value, str) and len(value) <= 64:
-            value = datetime.fromisoformat(value.strip())
-        elif isinstance(value, int | float) and not isinstance(value, bool):
-            value = datetime.fromtimestamp(value, tz=UTC)
-    except (ValueError, OverflowError, OSError):
-        value = None
-    if not isinstance(value, date):
-        raise TemplateError("date: expected a date, a datetime, ISO 8601 text or a Unix timestamp")
-    if not isinstance(format, str) or len(format) > 64 or not _DATE_FORMAT.fullmatch(format):
-        raise TemplateError("date: the format may use only plain strftime codes like %Y-%m-%d %H:%M")
-    return value.strftime(format)
-
-
-def _replace(value: Any, old: Any, new: Any, count: int | None = None) -> str:
-    text, old, new = _text(value), _text(old), _text(new)
-    if count is not None and not _is_int(count):
-        raise TemplateError("replace: count must be a number")
-    hits = len(text) + 1 if not old else text.count(old)
-    if count is not None and count >= 0:
-        hits = min(hits, count)
-    _reserve(len(text) + hits * max(len(new) - len(old), 0))
-    return text.replace(old, new, -1 if count is None else count)
-
-
-_SLUG_JUNK = re.compile(r"[^a-z0-9]+")
-
-
-def _slugify(value: Any) -> str:
-    text = _text(value)
-    if len(text) > MAX_SLUG_INPUT:
-        raise TemplateLimitError(f"slugify: text is longer than {MAX_SLUG_INPUT} characters")
-    text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
-    return _SLUG_JUNK.sub("-", text.lower()).strip("-")
-
-
-def _first(value: Any) -> Any:
-    for item in value:
-        return item
-    return _Undefined(hint="first: the sequence is empty")
-
-
-def _last(value: Any) -> Any:
-    for item in reversed(value):
-        return item
-    return _Undefined(hint="last: the sequence is empty")
-
-
-def _sort(value: Any, reverse: bool = False, case_sensitive: bool = False, attribute: Any = None) -> list:
-    path = () if attribute is None else str(attribute).split(".")
-
-    def key(item: Any) -> Any:
-        _tick()
-        for part in path:
-            item = _ENV.getitem(item, int(part) if part.isdigit() else part)
-        return item if case_sensitive or not isinstance(item, str) else item.lower()
-
-    items = list(value)
-    try:
-        return sorted(items, key=key, reverse=bool(reverse))
-    except TypeError:
-        raise TemplateError("sort: these values cannot be compared with each other") from None
-
-
-def _reverse(value: Any) -> Any:
-    return value[::-1] if isinstance(value, str) else list(value)[::-1]
-
-
-def _round(value: Any, precision: int = 0, method: str = "common") -> Any:
-    if not _is_int(precision) or abs(precision) > 20 or method not in ("common", "ceil", "floor"):
-        raise TemplateError("round: precision must be -20..20 and method common, ceil or floor")
-    if method == "common":
-        return round(value, precision)
-    return (math.ceil if method == "ceil" else math.floor)(value * 10**precision) / 10**precision
-
-
-def _int(value: Any, default: Any = 0, base: int = 10) -> Any:
-    if isinstance(value, str) and len(value) > 100:
-        return default
-    try:
-        return int(value, base) if isinstance(value, str) else int(value)
-    except (TypeError, ValueError, OverflowError):
-        try:
-            return int(float(value))
-        except (TypeError, ValueError, OverflowError):
-            return default
-
-
-def _float(value: Any, default: Any = 0.0) -> Any:
-    if isinstance(value, str) and len(value) > 100:
-        return default
-    try:
-        return float(value)
-    except (TypeError, ValueError, OverflowError):
-        return default
+# -- environment -----------------------------------------------------------------------------
 
 
 @pass_context
 def _tick_filter(_context: Any, _value: Any) -> bool:
-    _tick()
+    tick()
     return True
 
 
 @pass_context
 def _concat_filter(_context: Any, values: tuple) -> str:  # the `~` operator
-    _tick()
-    parts = [_text(value) for value in values]
-    _reserve(sum(map(len, parts)))
+    tick()
+    parts = [as_text(value) for value in values]
+    reserve(sum(map(len, parts)))
     return "".join(parts)
 
 
 # Hooks the compiler wires in (see _prepare); a template cannot name them: not in ALLOWED_FILTERS.
 _HOOKS = {"__tick": _tick_filter, "__concat": _concat_filter}
-
-_FILTERS = {
-    "join": _filter(_join),
-    "length": _filter(len),
-    "default": _filter(_default, accepts_undefined=True),
-    "d": _filter(_default, accepts_undefined=True),
-    "upper": _filter(lambda value: _text(value).upper(), builds=True),
-    "lower": _filter(lambda value: _text(value).lower(), builds=True),
-    "trim": _filter(
-        lambda value, chars=None: _text(value).strip(None if chars is None else _text(chars)), builds=True
-    ),
-    "truncate": _filter(_truncate, builds=True),
-    "tojson": _filter(_tojson),
-    "date": _filter(_date),
-    "replace": _filter(_replace),
-    "slugify": _filter(_slugify, builds=True),
-    "first": _filter(_first),
-    "last": _filter(_last),
-    "sort": _filter(_sort, builds=True),
-    "reverse": _filter(_reverse, builds=True),
-    "abs": _filter(abs),
-    "round": _filter(_round),
-    "int": _filter(_int),
-    "float": _filter(_float),
-    "string": _filter(_text),
-}
-ALLOWED_FILTERS: frozenset[str] = frozenset(_FILTERS)
-ALLOWED_TESTS: frozenset[str] = frozenset(
-    {"defined", "none", "number", "string", "mapping", "sequence", "boolean"}
-)
 
 # Methods a template may call. Everything else callable (str.format, str.center, int.to_bytes,
 # dict.update...) is refused: a whitelist, because a blacklist misses the next CVE.
@@ -508,7 +200,7 @@ class _Undefined(StrictUndefined):
         if self._undefined_hint:
             return self._undefined_hint
         name = self._undefined_name
-        shown = repr(name[:64]) if isinstance(name, str) else str(name)[:40] if _is_int(name) else ""
+        shown = repr(name[:64]) if isinstance(name, str) else str(name)[:40] if is_int(name) else ""
         if self._undefined_obj is missing:
             return f"undefined variable {shown}"
         return f"undefined {'attribute' if isinstance(name, str) else 'item'} {shown}".rstrip()
@@ -523,8 +215,8 @@ class _Environment(ImmutableSandboxedEnvironment):
             undefined=_Undefined, finalize=_output, keep_trailing_newline=True, optimized=False, cache_size=0
         )
         self.globals.clear()
-        self.filters = {**_FILTERS, **_HOOKS}
-        self.tests = {name: JINJA_TESTS[name] for name in ALLOWED_TESTS}
+        self.filters = {**FILTERS, **_HOOKS}
+        self.tests = dict(TESTS)
 
     def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
         if attr.startswith("_") or is_internal_attribute(obj, attr) or modifies_known_mutable(obj, attr):
@@ -535,13 +227,13 @@ class _Environment(ImmutableSandboxedEnvironment):
         return None  # str.format is not wrapped but refused, by is_safe_attribute
 
     def getattr(self, obj: Any, attribute: str) -> Any:
-        _tick()
+        tick()
         if isinstance(obj, Mapping) and attribute in obj:  # data first: `order.items` is the key
             return obj[attribute]
         return self._attribute(obj, attribute)
 
     def getitem(self, obj: Any, argument: Any) -> Any:
-        _tick()
+        tick()
         try:
             value = obj[argument]
         except (TypeError, LookupError):
@@ -549,7 +241,7 @@ class _Environment(ImmutableSandboxedEnvironment):
                 return self._attribute(obj, argument)
             return self.undefined(obj=obj, name=argument)
         if isinstance(argument, slice):
-            _charge(value)
+            charge(value)
         return value
 
     def _attribute(self, obj: Any, name: str) -> Any:
@@ -564,7 +256,7 @@ class _Environment(ImmutableSandboxedEnvironment):
         return value
 
     def call(self, context: Any, obj: Any, /, *args: Any, **kwargs: Any) -> Any:
-        _tick()
+        tick()
         if isinstance(obj, Undefined):
             obj._fail_with_undefined_error()
         if isinstance(obj, types.BuiltinMethodType | types.MethodType):
@@ -575,11 +267,11 @@ class _Environment(ImmutableSandboxedEnvironment):
             raise TemplateError("template calls something that is not a permitted function")
         result = context.call(obj, *args, **kwargs)
         if isinstance(getattr(obj, "__self__", None), str):  # str methods build new text
-            _charge(result, new_items=True)
+            charge(result, new_items=True)
         return result
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        _tick()
+        tick()
         if operator == "%" and isinstance(left, str):
             return _percent_format(left, right)
         _check_binop(operator, left, right)
@@ -590,7 +282,7 @@ class _Environment(ImmutableSandboxedEnvironment):
 
     def concat(self, pieces: Any) -> str:  # type: ignore[override]  # buffers of macros and blocks
         pieces = list(pieces)
-        _reserve(sum(map(len, pieces)))
+        reserve(sum(map(len, pieces)))
         return "".join(pieces)
 
 
@@ -721,7 +413,7 @@ class _Compiled(NamedTuple):
 @contextmanager
 def _guard(doing: str, seconds: float) -> Iterator[None]:
     """Run under a fresh budget and turn every failure into a safe TemplateError."""
-    token = _BUDGET.set(_Budget(doing, seconds))
+    token = CURRENT_BUDGET.set(Budget(doing, seconds))
     try:
         yield
     except TemplateError:
@@ -748,7 +440,7 @@ def _guard(doing: str, seconds: float) -> Iterator[None]:
         kind = "value" if isinstance(exc, ValueError) else "operation"
         raise TemplateError(f"template failed to render: invalid {kind} for the given data") from exc
     finally:
-        _BUDGET.reset(token)
+        CURRENT_BUDGET.reset(token)
 
 
 @functools.lru_cache(maxsize=512)
@@ -807,16 +499,16 @@ def render(source: str, context: Mapping[str, Any]) -> Any:
         if compiled.native:
             for _ in pieces:
                 pass
-            return _to_json(ctx.vars["result"])
+            return to_json(ctx.vars["result"])
         out, size = [], 0
         for piece in pieces:
             size += len(piece)
             if size > MAX_OUTPUT_BYTES:
-                raise TemplateLimitError(_OUTPUT_LIMIT)
+                raise TemplateLimitError(OUTPUT_LIMIT_MESSAGE)
             out.append(piece)
         text = "".join(out)
-        if _check_text(text) > MAX_OUTPUT_BYTES:
-            raise TemplateLimitError(_OUTPUT_LIMIT)
+        if check_text(text) > MAX_OUTPUT_BYTES:
+            raise TemplateLimitError(OUTPUT_LIMIT_MESSAGE)
         return text
 
 
