@@ -53,6 +53,11 @@ class AuditChainHead(models.Model):
     chain = models.CharField(max_length=64, unique=True)
     seq = models.PositiveBigIntegerField(default=0)
     head_hash = models.CharField(max_length=64, default="0" * 64)
+    # The head before the last append and that append's time: kept so that one
+    # UPDATE ... RETURNING can hand both to the new event (PostgreSQL returns new
+    # values only), and so timestamps never go backwards along a chain.
+    prev_hash = models.CharField(max_length=64, default="0" * 64)
+    last_timestamp = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.chain} @ {self.seq}"

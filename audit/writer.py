@@ -6,8 +6,8 @@ head row, so concurrent writers from many processes keep one valid chain while
 different workspaces append in parallel. The lock is held until the caller's
 transaction ends, so append as late in the transaction as is natural.
 
-On PostgreSQL an append is one SQL statement (lock the head, compute the hash,
-move the head, insert the row): the database computes sha256 over the same
+On PostgreSQL an append is one SQL statement (move the head, which locks it,
+computing the hash on the way; insert the row): the database computes sha256 over the same
 canonical JSON that :func:`event_hash` builds, with ``prev_hash``, ``seq`` and
 ``timestamp`` filled in under the lock. On SQLite, where a write transaction
 holds the database's one write lock, it is four short statements with the hash
@@ -37,6 +37,10 @@ HASHED_FIELDS = (
 )  # fmt: skip
 # The fields the database fills in under the chain lock, in canonical (sorted) order.
 _LOCKED_FIELDS = ("prev_hash", "seq", "timestamp")
+# (name, '"name":' with its leading comma) in canonical (sorted) order.
+_SORTED_KEYS = [
+    (name, ("," if i else "") + json.dumps(name) + ":") for i, name in enumerate(sorted(HASHED_FIELDS))
+]
 _FIELD_LIMITS = {"trace_id": 64, "type": 64, "stage": 32}
 
 
@@ -44,8 +48,14 @@ def chain_for(workspace_id: int | None) -> str:
     return f"ws-{workspace_id}" if workspace_id is not None else "platform"
 
 
+# One encoder instance: json.dumps(..., cls=...) would build a new one per call.
+_ENCODER = DjangoJSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+_OUTCOMES = frozenset(Outcome.values)
+
+
 def canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, cls=DjangoJSONEncoder)
+    """Sorted keys, no whitespace, non-ASCII kept: the serialisation every hash is taken over."""
+    return _ENCODER.encode(value)
 
 
 def format_timestamp(value: Any) -> str:
@@ -118,8 +128,8 @@ def _hash_text_parts(fields: dict[str, Any]) -> list[str]:
     """
     parts: list[str] = []
     buf = "{"
-    for i, name in enumerate(sorted(HASHED_FIELDS)):
-        buf += ("," if i else "") + json.dumps(name) + ":"
+    for name, key in _SORTED_KEYS:
+        buf += key
         if name in _LOCKED_FIELDS:
             quote = "" if name == "seq" else '"'
             parts.append(buf + quote)
@@ -130,34 +140,38 @@ def _hash_text_parts(fields: dict[str, Any]) -> list[str]:
     return parts
 
 
+# One UPDATE moves the head: its row lock serialises the chain (a concurrent
+# append waits, then re-evaluates SET against the row as committed), SET sees the
+# old values and RETURNING the new ones, so prev_hash is the old head_hash. The
+# timestamp is the database clock, kept strictly increasing along the chain.
 # Parameters carry explicit casts: the statement is bound server-side and prepared.
 _PG_APPEND = """
-WITH head AS MATERIALIZED (
-    SELECT id, seq, head_hash, clock_timestamp() AS ts
-    FROM audit_auditchainhead WHERE chain = %(chain)s::text
-    FOR UPDATE
-), moved AS (
+WITH moved AS (
     UPDATE audit_auditchainhead AS h
-    SET seq = head.seq + 1,
+    SET seq = h.seq + 1,
+        prev_hash = h.head_hash,
+        last_timestamp = GREATEST(c.now, h.last_timestamp + interval '1 microsecond'),
         head_hash = encode(sha256(convert_to(
-            %(p0)s::text || head.head_hash || %(p1)s::text || (head.seq + 1)::text || %(p2)s::text
-            || to_char(head.ts AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"') || %(p3)s::text,
-            'UTF8')), 'hex')
-    FROM head
-    WHERE h.id = head.id
-    RETURNING h.seq, h.head_hash, head.head_hash AS prev_hash, head.ts
+            %(p0)s::text || h.head_hash || %(p1)s::text || (h.seq + 1)::text || %(p2)s::text
+            || to_char(GREATEST(c.now, h.last_timestamp + interval '1 microsecond') AT TIME ZONE 'UTC',
+                       'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')
+            || %(p3)s::text, 'UTF8')), 'hex')
+    FROM (SELECT clock_timestamp() AS now) AS c
+    WHERE h.chain = %(chain)s::text
+    RETURNING h.seq, h.last_timestamp, h.prev_hash, h.head_hash
 )
 INSERT INTO audit_auditevent
     (chain, seq, timestamp, trace_id, stage, type, summary, outcome,
      workspace_id, refs, actor, payload, prev_hash, hash)
-SELECT %(chain)s::text, moved.seq, moved.ts, %(trace_id)s::text, %(stage)s::text, %(type)s::text,
+SELECT %(chain)s::text, moved.seq, moved.last_timestamp, %(trace_id)s::text, %(stage)s::text, %(type)s::text,
        %(summary)s::text, %(outcome)s::text, %(workspace_id)s::bigint, %(refs)s::text::jsonb,
        %(actor)s::text, %(payload)s::text::jsonb, moved.prev_hash, moved.head_hash
 FROM moved
 RETURNING id, seq, timestamp, prev_hash, hash
 """
 _PG_CREATE_HEAD = """
-INSERT INTO audit_auditchainhead (chain, seq, head_hash) VALUES (%(chain)s::text, 0, %(genesis)s::text)
+INSERT INTO audit_auditchainhead (chain, seq, head_hash, prev_hash)
+VALUES (%(chain)s::text, 0, %(genesis)s::text, %(genesis)s::text)
 ON CONFLICT (chain) DO NOTHING
 """
 
@@ -221,17 +235,19 @@ def _append_sqlite(connection, fields: dict[str, Any]) -> AuditEvent:
         cursor.execute("UPDATE audit_auditchainhead SET seq = seq + 1 WHERE chain = %s", [chain])
         if cursor.rowcount == 0:
             cursor.execute(
-                "INSERT INTO audit_auditchainhead (chain, seq, head_hash) VALUES (%s, 1, %s)",
-                [chain, GENESIS_HASH],
+                "INSERT INTO audit_auditchainhead (chain, seq, head_hash, prev_hash) VALUES (%s, 1, %s, %s)",
+                [chain, GENESIS_HASH, GENESIS_HASH],
             )
         cursor.execute("SELECT seq, head_hash FROM audit_auditchainhead WHERE chain = %s", [chain])
         seq, prev_hash = cursor.fetchone()
+        # Taken under the write lock, so timestamps increase along the chain.
         fields.update(seq=seq, prev_hash=prev_hash, timestamp=timezone.now())
         fields["hash"] = event_hash(fields)
+        timestamp = connection.ops.adapt_datetimefield_value(fields["timestamp"])
         cursor.execute(
             _SQLITE_INSERT,
             [
-                chain, seq, connection.ops.adapt_datetimefield_value(fields["timestamp"]), fields["trace_id"],
+                chain, seq, timestamp, fields["trace_id"],
                 fields["stage"], fields["type"], fields["summary"], fields["outcome"], fields["workspace_id"],
                 canonical_json(fields["refs"]), fields["actor"], canonical_json(fields["payload"]),
                 prev_hash, fields["hash"],
@@ -239,7 +255,8 @@ def _append_sqlite(connection, fields: dict[str, Any]) -> AuditEvent:
         )  # fmt: skip
         event_id = cursor.lastrowid
         cursor.execute(
-            "UPDATE audit_auditchainhead SET head_hash = %s WHERE chain = %s", [fields["hash"], chain]
+            "UPDATE audit_auditchainhead SET head_hash = %s, prev_hash = %s, last_timestamp = %s WHERE chain = %s",
+            [fields["hash"], prev_hash, timestamp, chain],
         )
     event = AuditEvent(id=event_id, **fields)
     event._state.adding = False
@@ -269,7 +286,7 @@ def append(
     """
     if not trace_id:
         raise ValueError("audit events require a trace_id")
-    if outcome not in Outcome.values:
+    if outcome not in _OUTCOMES:
         raise ValueError(f"unknown audit outcome {outcome!r}")
     secrets = list(secrets)
     fields: dict[str, Any] = {

@@ -29,7 +29,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 from jsonschema import Draft202012Validator
 
@@ -94,8 +95,9 @@ def claim(run_id: str, me: str) -> Run | None:
         | Q(status=RunStatus.RUNNING, lease_expires_at__lt=now)
     )
     taken = Run.objects.filter(claimable, pk=run_id).update(
-        status=RunStatus.RUNNING, claimed_by=me, lease_expires_at=lease, wake_at=None
-    )
+        status=RunStatus.RUNNING, claimed_by=me, lease_expires_at=lease, wake_at=None,
+        started_at=Coalesce(F("started_at"), Value(now)),
+    )  # fmt: skip
     if not taken:
         # A worker on this host that died (kill -9, OOM) leaves its lease behind;
         # take over at once instead of waiting for the lease to run out.
@@ -106,7 +108,9 @@ def claim(run_id: str, me: str) -> Run | None:
             ).update(claimed_by=me, lease_expires_at=lease)
     if not taken:
         return None
-    return Run.objects.select_related("automation").get(pk=run_id)
+    run = Run.objects.select_related("automation", "workspace").get(pk=run_id)
+    run.first_claim = run.started_at == now  # the Coalesce above kept an earlier start
+    return run
 
 
 class Executor:
@@ -117,6 +121,10 @@ class Executor:
         self.snapshot = run.snapshot
         self.execution = self.snapshot.get("execution") or {}
         self.autonomy = self.execution.get("autonomy", defs.DEFAULT_AUTONOMY)
+        timeout = float(self.execution.get("timeout_seconds", DEFAULT_RUN_TIMEOUT))
+        self.deadline = run.started_at + timedelta(seconds=timeout)
+        # The claim just read the row: the first step needs no fresh look at the cancel flag.
+        self.fresh = True
 
     # --- fenced writes ---------------------------------------------------------
 
@@ -177,16 +185,10 @@ class Executor:
         return self.execution.get("on_failure") or []
 
     def _start(self) -> None:
-        if self.run.started_at is not None:
+        if not getattr(self.run, "first_claim", False):
             return
-        now = timezone.now()
-        timeout = float(self.execution.get("timeout_seconds", DEFAULT_RUN_TIMEOUT))
-        with transaction.atomic():
-            self._update_run(started_at=now, deadline_at=now + timedelta(seconds=timeout))
-            queued_ms = (now - self.run.created_at).total_seconds() * 1000
-            self._audit(
-                "run.started", f"run started on {self.run.queue}", payload={"queue_wait_ms": queued_ms}
-            )
+        queued_ms = (self.run.started_at - self.run.created_at).total_seconds() * 1000
+        self._audit("run.started", f"run started on {self.run.queue}", payload={"queue_wait_ms": queued_ms})
 
     def _recover(self) -> bool:
         """Decide what to do with a step a dead worker left ``running``. False = stop."""
@@ -222,19 +224,18 @@ class Executor:
         return False
 
     def _stop_requested(self) -> bool:
-        fresh = Run.objects.filter(pk=self.run.pk).values("cancel_requested", "deadline_at").first()
-        if fresh and fresh["cancel_requested"]:
+        if self.fresh:
+            self.fresh = False
+            cancel = self.run.cancel_requested
+        else:
+            cancel = Run.objects.filter(pk=self.run.pk, cancel_requested=True).exists()
+        if cancel:
             self._finish(
                 RunStatus.CANCELLED,
                 error={"code": ErrorCode.CANCELLED, "message": "cancelled by an operator"},
             )
             return True
-        if (
-            fresh
-            and fresh["deadline_at"]
-            and timezone.now() > fresh["deadline_at"]
-            and self.run.phase == PLAN
-        ):
+        if timezone.now() > self.deadline and self.run.phase == PLAN:
             self._fail(
                 {"code": ErrorCode.TIMEOUT, "message": "the run exceeded its timeout"}, RunStatus.TIMED_OUT
             )
@@ -427,9 +428,7 @@ class Executor:
         declared = float(
             step.get("timeout_seconds", max(capability.expected_duration_seconds, DEFAULT_STEP_TIMEOUT))
         )
-        if self.run.deadline_at is None:
-            return declared
-        remaining = (self.run.deadline_at - timezone.now()).total_seconds()
+        remaining = (self.deadline - timezone.now()).total_seconds()
         return max(0.1, min(declared, remaining))
 
     # --- outcomes ------------------------------------------------------------
@@ -607,5 +606,6 @@ def execute_run(run_id: str, me: str | None = None) -> str | None:
         return None
     if run.status in FINAL_RUN_STATUSES:
         return run.status
-    Executor(run, me).execute()
-    return Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
+    executor = Executor(run, me)
+    executor.execute()
+    return executor.run.status

@@ -259,6 +259,8 @@ def test_four_processes_appending_500_each_keep_one_valid_chain(committed_ledger
     events = AuditEvent.objects.filter(chain="ws-4242")
     assert events.count() == 2000
     assert sorted(events.values_list("seq", flat=True)) == list(range(1, 2001))
+    timestamps = list(events.order_by("seq").values_list("timestamp", flat=True))
+    assert timestamps == sorted(timestamps)
     for name in "abcd":
         assert events.filter(trace_id=f"proc-{name}").count() == 500
     result = verify_chain("ws-4242")

@@ -129,7 +129,7 @@ def test_run_timeout_marks_timed_out(workspace, drive):
     run = start(automation)
     executor.claim(str(run.pk), "test:1")  # started, then the clock runs past the deadline
     Run.objects.filter(pk=run.pk).update(
-        started_at=timezone.now() - timedelta(seconds=60), deadline_at=timezone.now() - timedelta(seconds=1),
+        started_at=timezone.now() - timedelta(seconds=60),
         claimed_by="", lease_expires_at=timezone.now() - timedelta(seconds=1),
     )  # fmt: skip
     run = drive(run.pk)

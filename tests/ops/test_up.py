@@ -106,7 +106,7 @@ def _healthz(port: int) -> tuple[int, dict | None]:
 
 
 @pytest.mark.workers
-def test_up_gets_healthy_runs_tasks_on_every_queue_and_stops_without_leftovers(up_env, tmp_path):
+def test_up_gets_healthy_runs_tasks_on_every_queue_and_stops_without_leftovers(up_env, tmp_path, monkeypatch):
     port = _free_port()
     log_path = tmp_path / "up.log"
     started = time.monotonic()
@@ -131,8 +131,10 @@ def test_up_gets_healthy_runs_tasks_on_every_queue_and_stops_without_leftovers(u
         assert all(body["checks"]["queues"][queue]["workers"] >= 1 for queue in QUEUES)
         assert "login      admin / " in log_text
 
-        # When: a ping is sent to each queue
-        app = Celery("uptest", broker=up_env["broker"], backend=up_env["backend"])
+        # When: a ping is sent to each queue (Celery prefers these variables to its arguments)
+        monkeypatch.setenv("CELERY_BROKER_URL", up_env["broker"])
+        monkeypatch.setenv("CELERY_RESULT_BACKEND", up_env["backend"])
+        app = Celery("uptest", broker=up_env["broker"], backend=up_env["backend"], set_as_current=False)
         marker_pids = set(pids_with_env(MARKER, up_env["env"][MARKER]))
         for queue in QUEUES:
             result = app.send_task("autoplane.ping", args=[queue], queue=queue).get(timeout=60, interval=0.05)

@@ -66,7 +66,7 @@ def build_specs(*, host: str, port: int, concurrency: dict[str, int], web_worker
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     if importlib.util.find_spec("gunicorn"):
         web = [python, "-m", "gunicorn", "ops.wsgi:application", "--bind", bind, "--workers", str(web_workers),
-               "--timeout", "60", "--graceful-timeout", "5"]  # fmt: skip
+               "--timeout", "60", "--graceful-timeout", "5", "--preload", "--no-control-socket"]  # fmt: skip
     else:
         web = [python, "manage.py", "runserver", "--noreload", bind]
     specs = [ChildSpec("web", web, env, cwd)]
@@ -160,6 +160,7 @@ class Command(BaseCommand):
         if bootstrap is not None:
             _load_examples(bootstrap=bootstrap, say=self.say)
         connections.close_all()  # the children open their own
+        self.say(f"migrations and bootstrap done ({time.monotonic() - started:.1f} s)")
 
         base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"  # noqa: S104
         if init_only:
