@@ -381,7 +381,9 @@ def approvals_invalidate_for_run(*, run_id: Any, actor: str, reason: str) -> int
     """The run was cancelled: its open approvals can never be used, so take them off the queue."""
     live = list(Approval.objects.select_for_update().filter(run_id=run_id, status__in=LIVE_STATUSES))
     for approval in live:
-        Approval.objects.filter(pk=approval.pk).update(status=ApprovalStatus.INVALIDATED, settled_at=timezone.now())
+        Approval.objects.filter(pk=approval.pk).update(
+            status=ApprovalStatus.INVALIDATED, settled_at=timezone.now()
+        )
         writer.append(
             trace_id=approval.trace_id or uuid.uuid4().hex, type="approval.invalidated",
             summary=f"{approval.step_id}: {reason}", outcome=Outcome.INFO, workspace_id=approval.workspace_id,

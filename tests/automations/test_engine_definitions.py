@@ -272,7 +272,9 @@ def test_valid_definition_is_created_with_version_1(api, workspace):
     response = api.post("/api/v1/automations", VALID, format="json")
     assert response.status_code == 201, response.json()
     body = response.json()
-    assert body["version"] == 1 and body["status"] == "active" and body["workspace"] == "acme"
+    assert body["version"] == 1
+    assert body["status"] == "active"
+    assert body["workspace"] == "acme"
     assert body["definition"] == VALID
     assert AutomationVersion.objects.filter(automation_id=body["id"], version=1).exists()
 
@@ -288,7 +290,9 @@ def test_invalid_definition_is_refused_with_path_and_code(api, workspace, name, 
     assert Automation.objects.count() == 0
     assert AuditEvent.objects.count() == audit_before
     text = response.content.decode()
-    assert "Traceback" not in text and "<class" not in text and "object at 0x" not in text
+    assert "Traceback" not in text
+    assert "<class" not in text
+    assert "object at 0x" not in text
 
 
 def test_there_are_at_least_25_invalid_cases():
@@ -301,7 +305,8 @@ def test_update_bumps_version_and_keeps_history(api, workspace):
     changed = with_change(lambda b: b.update(name="renamed"))
     response = api.put(f"/api/v1/automations/{created['id']}", {"definition": changed}, format="json")
     assert response.status_code == 200
-    assert response.json()["version"] == 2 and response.json()["name"] == "renamed"
+    assert response.json()["version"] == 2
+    assert response.json()["name"] == "renamed"
     versions = api.get(f"/api/v1/automations/{created['id']}/versions").json()["results"]
     assert [v["version"] for v in versions] == [2, 1]
     assert versions[1]["definition"]["name"] == VALID["name"]
@@ -314,7 +319,8 @@ def test_invalid_update_changes_nothing(api, workspace):
     response = api.patch(f"/api/v1/automations/{created['id']}", {"definition": bad}, format="json")
     assert response.status_code == 400
     automation = Automation.objects.get(pk=created["id"])
-    assert automation.version == 1 and automation.definition == VALID
+    assert automation.version == 1
+    assert automation.definition == VALID
     assert AutomationVersion.objects.filter(automation=automation).count() == 1
 
 
@@ -322,7 +328,8 @@ def test_invalid_update_changes_nothing(api, workspace):
 def test_pause_and_resume_via_patch(api, workspace):
     created = api.post("/api/v1/automations", VALID, format="json").json()
     response = api.patch(f"/api/v1/automations/{created['id']}", {"status": "paused"}, format="json")
-    assert response.json()["status"] == "paused" and response.json()["version"] == 1
+    assert response.json()["status"] == "paused"
+    assert response.json()["version"] == 1
 
 
 def test_definition_schema_is_published_and_valid(client):

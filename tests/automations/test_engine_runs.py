@@ -53,7 +53,9 @@ def test_outputs_chain_and_when_skips(workspace, drive, api):
     assert [(s["step_id"], s["status"]) for s in body["steps"]] == [
         ("a", "succeeded"), ("b", "skipped"), ("c", "succeeded")]  # fmt: skip
     assert body["steps"][0]["output"]["data"] == {"items": [3, 1, 2]}
-    assert body["trace_id"] == run.trace_id and body["finished_at"] and body["started_at"]
+    assert body["trace_id"] == run.trace_id
+    assert body["finished_at"]
+    assert body["started_at"]
     assert trace_types(run) == [
         "run.created", "run.started", "step.started", "step.succeeded", "step.skipped", "step.started",
         "step.succeeded", "run.succeeded", "event.published",
@@ -101,11 +103,14 @@ def test_retries_exhausted_fail_the_run_and_run_on_failure(workspace, drive, htt
     )  # fmt: skip
     run = drive(start(automation).pk)
     assert run.status == RunStatus.FAILED
-    assert run.error["code"] == "TEMPORARILY_UNAVAILABLE" and run.error["step_id"] == "call"
+    assert run.error["code"] == "TEMPORARILY_UNAVAILABLE"
+    assert run.error["step_id"] == "call"
     note = StepRun.objects.get(run=run, phase="on_failure")
-    assert note.status == "succeeded" and note.output["data"] == "call: TEMPORARILY_UNAVAILABLE"
+    assert note.status == "succeeded"
+    assert note.output["data"] == "call: TEMPORARILY_UNAVAILABLE"
     assert len(http_server.requests) == 2
-    assert "run.on_failure" in trace_types(run) and trace_types(run)[-2] == "run.failed"
+    assert "run.on_failure" in trace_types(run)
+    assert trace_types(run)[-2] == "run.failed"
 
 
 def test_client_error_is_not_retried(workspace, drive, http_server):
@@ -113,14 +118,16 @@ def test_client_error_is_not_retried(workspace, drive, http_server):
     automation = create(workspace, post("call", http_server.url + "/missing", max_retries=3),
                         execution={"autonomy": "A4"})  # fmt: skip
     run = drive(start(automation).pk)
-    assert run.status == RunStatus.FAILED and run.error["code"] == "INVALID_ARGUMENT"
+    assert run.status == RunStatus.FAILED
+    assert run.error["code"] == "INVALID_ARGUMENT"
     assert len(http_server.requests) == 1
 
 
 def test_template_failure_at_run_time_is_a_template_error(workspace, drive):
     automation = create(workspace, transform("a", "{{ inputs.missing.deeper }}"))
     run = drive(start(automation).pk)
-    assert run.status == RunStatus.FAILED and run.error["code"] == "TEMPLATE_ERROR"
+    assert run.status == RunStatus.FAILED
+    assert run.error["code"] == "TEMPLATE_ERROR"
     assert "Traceback" not in run.error["message"]
 
 
@@ -133,7 +140,8 @@ def test_run_timeout_marks_timed_out(workspace, drive):
         claimed_by="", lease_expires_at=timezone.now() - timedelta(seconds=1),
     )  # fmt: skip
     run = drive(run.pk)
-    assert run.status == RunStatus.TIMED_OUT and run.error["code"] == "TIMEOUT"
+    assert run.status == RunStatus.TIMED_OUT
+    assert run.error["code"] == "TIMEOUT"
     assert not StepRun.objects.filter(run=run, status="succeeded").exists()
 
 
@@ -181,8 +189,8 @@ def test_drop_if_running_suppresses_and_audits(workspace, api):
     first = api.post(f"/api/v1/automations/{automation.pk}/run", {}, format="json")
     assert first.status_code == 202
     second = api.post(f"/api/v1/automations/{automation.pk}/run", {}, format="json")
-    assert second.status_code == 200 and second.json() == {"run_id": None, "suppressed": True,
-                                                           "reason": "drop_if_running"}  # fmt: skip
+    assert second.status_code == 200
+    assert second.json() == {"run_id": None, "suppressed": True, "reason": "drop_if_running"}
     assert Run.objects.count() == 1
     assert AuditEvent.objects.filter(type="run.suppressed", outcome="suppressed").count() == 1
 
@@ -234,9 +242,9 @@ def test_rerun_from_step_reuses_earlier_outputs(workspace, drive, api):
     response = api.post(f"/api/v1/runs/{original.pk}/rerun", {"from_step": "b"}, format="json")
     assert response.status_code == 202
     rerun = drive(response.json()["run_id"])
-    assert (
-        rerun.status == RunStatus.SUCCEEDED and rerun.output == "one-b" and rerun.parent_run_id == original.pk
-    )
+    assert rerun.status == RunStatus.SUCCEEDED
+    assert rerun.output == "one-b"
+    assert rerun.parent_run_id == original.pk
     assert (
         StepRun.objects.get(run=rerun, step_id="a").started_at
         == StepRun.objects.get(run=original, step_id="a").started_at
@@ -251,7 +259,8 @@ def test_idempotency_key_on_manual_run(workspace, api):
     first = api.post(url, {"x": 1}, format="json", HTTP_IDEMPOTENCY_KEY="k1")
     again = api.post(url, {"x": 1}, format="json", HTTP_IDEMPOTENCY_KEY="k1")
     other = api.post(url, {"x": 2}, format="json", HTTP_IDEMPOTENCY_KEY="k1")
-    assert first.status_code == 202 and again.status_code == 200
+    assert first.status_code == 202
+    assert again.status_code == 200
     assert again.json()["run_id"] == first.json()["run_id"]
     assert other.status_code == 422
     assert Run.objects.count() == 1
@@ -273,11 +282,13 @@ def test_wait_parks_without_holding_a_worker(workspace, drive):
     run = start(automation)
     executor.execute_run(str(run.pk))
     parked = Run.objects.get(pk=run.pk)
-    assert parked.status == RunStatus.WAITING and parked.claimed_by == ""
+    assert parked.status == RunStatus.WAITING
+    assert parked.claimed_by == ""
     assert parked.wake_at > timezone.now() + timedelta(minutes=59)
     assert executor.execute_run(str(run.pk)) is None  # not due: a redelivered message does nothing
     run = drive(run.pk)
-    assert run.status == RunStatus.SUCCEEDED and run.output == "done"
+    assert run.status == RunStatus.SUCCEEDED
+    assert run.output == "done"
 
 
 def test_sweeper_requeues_runs_whose_worker_died(workspace, settings):
@@ -292,11 +303,14 @@ def test_sweeper_requeues_runs_whose_worker_died(workspace, settings):
 def test_cancelling_a_run_awaiting_approval_closes_its_approval(workspace, drive):
     from approvals.models import Approval
 
-    automation = create(workspace, {"step_id": "ask", "action": "require_approval", "config": {"message": "ok?"}})
+    automation = create(
+        workspace, {"step_id": "ask", "action": "require_approval", "config": {"message": "ok?"}}
+    )
     run = drive(start(automation).pk)
     assert run.status == RunStatus.AWAITING_APPROVAL
     approval = Approval.objects.get(run_id=run.pk)
-    assert approval.status == "pending" and approval.why == "explicit approval step"
+    assert approval.status == "pending"
+    assert approval.why == "explicit approval step"
     services.run_cancel(run=run)
     assert Run.objects.get(pk=run.pk).status == RunStatus.CANCELLED
     assert Approval.objects.get(pk=approval.pk).status == "invalidated"

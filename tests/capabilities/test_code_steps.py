@@ -345,7 +345,8 @@ def test_granted_network_is_refused_unless_the_deployment_allows_it(workspace, s
 
     settings.AUTOPLANE_SANDBOX_ALLOW_NETWORK = True
     run = run_to_rest(workspace, step, execution={"autonomy": "A4"})
-    assert run.status == RunStatus.SUCCEEDED and run.output == "ran"
+    assert run.status == RunStatus.SUCCEEDED
+    assert run.output == "ran"
 
 
 # --- timeouts and routing -----------------------------------------------------------------
