@@ -166,6 +166,14 @@ AUTOPLANE_SIGNING_KEY_FILE = Path(
 AUTOPLANE_RETIRED_PUBLIC_KEY_FILES = [
     Path(p) for p in env.list("AUTOPLANE_RETIRED_PUBLIC_KEY_FILES", default=[])
 ]
+# Generate the key file on first use. Default only for the embedded (SQLite)
+# setup: with PostgreSQL every process must share one key, so create it with
+# `manage.py keygen` (or set AUTOPLANE_SIGNING_KEY) instead of letting each
+# container invent its own.
+AUTOPLANE_SIGNING_KEY_AUTOGENERATE = env.bool("AUTOPLANE_SIGNING_KEY_AUTOGENERATE", default=DATABASE_IS_SQLITE)
+# The PostgreSQL audit append is a prepared statement; turn off behind a pooler
+# (PgBouncer in transaction mode) that cannot keep prepared statements.
+AUTOPLANE_AUDIT_PREPARED_STATEMENTS = env.bool("AUTOPLANE_AUDIT_PREPARED_STATEMENTS", default=True)
 AUTOPLANE_AUDIT_CHECKPOINT_SECONDS = env.int("AUTOPLANE_AUDIT_CHECKPOINT_SECONDS", default=300)
 AUTOPLANE_AUDIT_MAX_PAYLOAD_BYTES = env.int("AUTOPLANE_AUDIT_MAX_PAYLOAD_BYTES", default=64 * 1024)
 

@@ -20,6 +20,9 @@ os.environ.setdefault("AUTOPLANE_RUN_LEASE_SECONDS", "5")
 os.environ.setdefault("AUTOPLANE_SWEEP_SECONDS", "2")
 # The embedded broker polls its tables; poll often so tasks start promptly.
 os.environ.setdefault("CELERY_POLLING_INTERVAL", "0.02")
+# Tests on PostgreSQL generate the signing key in their data directory as the
+# embedded setup does (workers inherit this environment and share the file).
+os.environ.setdefault("AUTOPLANE_SIGNING_KEY_AUTOGENERATE", "true")
 
 from config.settings import *  # noqa: E402, F403
 
