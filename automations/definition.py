@@ -18,7 +18,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from capabilities import registry
-from capabilities.base import Capability, Risk
+from capabilities.base import Capability, Risk, SideEffect
 
 from .expressions import template
 from .expressions.filter_grammar import FILTER_SCHEMA, validate_filter
@@ -212,7 +212,10 @@ def describe_step(step: Mapping[str, Any], workspace_id: int | None = None) -> C
     try:
         return action.describe(config)
     except Exception:  # a templated field the description depends on: assume the worst
-        return Capability(id=step["action"], risk=Risk.HIGH, idempotent=False)
+        return Capability(
+            id=step["action"], risk=Risk.HIGH, idempotent=False, side_effects=frozenset({SideEffect.EXTERNAL_WRITE}),
+            expected_duration_seconds=60.0,
+        )
 
 
 def step_duration_seconds(step: Mapping[str, Any], workspace_id: int | None = None) -> float:

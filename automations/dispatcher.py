@@ -186,10 +186,14 @@ def dispatch(request: DispatchRequest) -> DispatchResult:
             replay = _claim_dedupe(request.dedupe)
             if replay is not None:
                 return replay
-        automation = Automation.objects.select_for_update().get(pk=automation.pk)
-        snapshot = automation.definition
         policy = execution.get("concurrency", "allow_parallel")
         max_concurrent = execution.get("max_concurrent", 1 if policy != "allow_parallel" else None)
+        if max_concurrent is not None:
+            # Counting active runs and adding one must not interleave with another
+            # dispatch. NO KEY UPDATE serialises dispatchers without blocking the
+            # foreign-key checks of transactions that insert this automation's runs.
+            automation = Automation.objects.select_for_update(no_key=True).get(pk=automation.pk)
+            snapshot = automation.definition
         active = Run.objects.filter(
             automation=automation, concurrency_key=concurrency_key, status__in=ACTIVE_RUN_STATUSES
         )

@@ -50,12 +50,19 @@ class Event:
 
 
 Subscriber = Callable[[Event], None]
-_subscribers: list[Subscriber] = []
+# Whether a subscriber cares about (workspace_id, event_type) at all; lets
+# publish() skip queueing a delivery nobody would act on.
+Interest = Callable[[int, str], bool]
+_subscribers: list[tuple[Subscriber, Interest | None]] = []
 
 
-def subscribe(handler: Subscriber) -> None:
-    if handler not in _subscribers:
-        _subscribers.append(handler)
+def subscribe(handler: Subscriber, interested: Interest | None = None) -> None:
+    if all(existing is not handler for existing, _ in _subscribers):
+        _subscribers.append((handler, interested))
+
+
+def _wanted(workspace_id: int, event_type: str) -> bool:
+    return any(interested is None or interested(workspace_id, event_type) for _, interested in _subscribers)
 
 
 def publish(
@@ -72,7 +79,7 @@ def publish(
     """Store an event and queue its delivery after commit; returns the event id."""
     from config.celery import app
 
-    with transaction.atomic():
+    with transaction.atomic(savepoint=False):
         event = DomainEvent.objects.create(
             workspace_id=workspace_id,
             event_type=event_type,
@@ -89,7 +96,8 @@ def publish(
             payload={"event_type": event_type, "source": source, "chain_depth": chain_depth},
         )  # fmt: skip
         event_id = str(event.id)
-        transaction.on_commit(lambda: app.send_task(DELIVER_TASK, args=[event_id]))
+        if _wanted(workspace_id, event_type):
+            transaction.on_commit(lambda: app.send_task(DELIVER_TASK, args=[event_id]))
     return event_id
 
 
@@ -112,7 +120,7 @@ def deliver(event_id: str) -> int:
     if row is None:
         return 0
     event = _as_event(row)
-    for handler in list(_subscribers):
+    for handler, _ in list(_subscribers):
         try:
             handler(event)
         except Exception:

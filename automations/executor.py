@@ -51,6 +51,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_STEP_TIMEOUT = 30.0
 DEFAULT_RUN_TIMEOUT = 3600.0
+QUICK_STEP_SECONDS = 0.1
 MAX_BACKOFF_SECONDS = 300.0
 PLAN, ON_FAILURE = "plan", "on_failure"
 
@@ -108,7 +109,7 @@ def claim(run_id: str, me: str) -> Run | None:
             ).update(claimed_by=me, lease_expires_at=lease)
     if not taken:
         return None
-    run = Run.objects.select_related("automation", "workspace").get(pk=run_id)
+    run = Run.objects.select_related("workspace").get(pk=run_id)
     run.first_claim = run.started_at == now  # the Coalesce above kept an earlier start
     return run
 
@@ -125,6 +126,7 @@ class Executor:
         self.deadline = run.started_at + timedelta(seconds=timeout)
         # The claim just read the row: the first step needs no fresh look at the cancel flag.
         self.fresh = True
+        self.batching = False
 
     # --- fenced writes ---------------------------------------------------------
 
@@ -163,21 +165,56 @@ class Executor:
 
     def execute(self) -> None:
         try:
-            self._start()
             if not self._recover():
                 return
             while True:
-                if self._stop_requested():
-                    return
-                steps = self._steps(self.run.phase)
-                if self.run.step_index >= len(steps):
-                    self._finish_phase()
-                    return
-                result = self._run_step(steps[self.run.step_index])
-                if isinstance(result, Parked):
+                if self._quick_step_next():
+                    # Steps without side effects that finish in milliseconds are safe to
+                    # repeat after a crash, so a run of them (and the run's start and end)
+                    # share one transaction instead of committing step by step.
+                    with transaction.atomic():
+                        self.batching = True
+                        self._start()
+                        done = self._advance_while(self._quick_step_next)
+                    self.batching = False
+                else:
+                    self._start()
+                    done = self._advance_while(lambda: True, limit=1)
+                if done:
                     return
         except LostClaim:
             logger.info("run %s: claim lost to another worker; stopping", self.run.pk)
+
+    def _advance_while(self, condition, limit: int | None = None) -> bool:
+        """Run steps while ``condition()`` holds; True once the run left this worker."""
+        count = 0
+        while limit is None or count < limit:
+            if self._stop_requested():
+                return True
+            steps = self._steps(self.run.phase)
+            if self.run.step_index >= len(steps):
+                self._finish_phase()
+                return True
+            if count and not condition():
+                return False
+            if isinstance(self._run_step(steps[self.run.step_index]), Parked):
+                return True
+            count += 1
+        return False
+
+    def _quick_step_next(self) -> bool:
+        steps = self._steps(self.run.phase)
+        if self.run.step_index >= len(steps):
+            return True  # finishing is quick too
+        step = steps[self.run.step_index]
+        if step["action"] in ("require_approval", "call_capability"):
+            return False
+        capability = defs.describe_step(step, self.run.workspace_id)
+        return (
+            capability is not None
+            and not capability.has_side_effects
+            and capability.expected_duration_seconds <= QUICK_STEP_SECONDS
+        )
 
     def _steps(self, phase: str) -> list[dict[str, Any]]:
         if phase == PLAN:
@@ -187,6 +224,7 @@ class Executor:
     def _start(self) -> None:
         if not getattr(self.run, "first_claim", False):
             return
+        self.run.first_claim = False
         queued_ms = (self.run.started_at - self.run.created_at).total_seconds() * 1000
         self._audit("run.started", f"run started on {self.run.queue}", payload={"queue_wait_ms": queued_ms})
 
@@ -198,13 +236,13 @@ class Executor:
         step = self._steps(self.run.phase)[self.run.step_index]
         capability = self._describe(step, step_run.rendered_config or step.get("config") or {})
         if capability is not None and capability.safe_to_retry:
-            with transaction.atomic():
+            with transaction.atomic(savepoint=False):
                 self._save_step(step_run, status=StepStatus.PENDING)
                 self._audit("step.recovered", f"{step['step_id']}: worker lost mid-step; safe to retry",
                             refs={"step": step["step_id"]}, payload={"attempt": step_run.attempt})  # fmt: skip
             return True
         message = "the worker stopped during this step; whether its side effect happened is unknown"
-        with transaction.atomic():
+        with transaction.atomic(savepoint=False):
             self._save_step(
                     step_run,
                 status=StepStatus.FAILED, error_code=ErrorCode.OUTCOME_UNKNOWN, error_message=message,
@@ -366,7 +404,7 @@ class Executor:
         if verdict.status == "approved":
             return True
         if verdict.status == "pending":
-            with transaction.atomic():
+            with transaction.atomic(savepoint=False):
                 self._save_step(step_run, status=StepStatus.AWAITING_APPROVAL)
                 self._update_run(status=RunStatus.AWAITING_APPROVAL, claimed_by="", lease_expires_at=None)
             return Parked(RunStatus.AWAITING_APPROVAL)
@@ -389,8 +427,11 @@ class Executor:
         now = timezone.now()
         lease = now + timedelta(seconds=timeout + settings.AUTOPLANE_RUN_LEASE_SECONDS)
         started = False
+        if capability.has_side_effects and self.batching:
+            # The checkpoint must be committed before the call, never inside a batch.
+            raise RuntimeError("a step with side effects reached the executor inside a transaction")
         if capability.has_side_effects:
-            with transaction.atomic():
+            with transaction.atomic(savepoint=False):
                 self._save_step(
                     step_run,
                     status=StepStatus.RUNNING, attempt=attempt, idempotency_key=key, started_at=now,
@@ -437,7 +478,7 @@ class Executor:
                        started_at=None, bind_output=True) -> None:  # fmt: skip
         step_id = step["step_id"]
         now = timezone.now()
-        with transaction.atomic():
+        with transaction.atomic(savepoint=False):
             self._save_step(
                     step_run,
                 status=StepStatus.SUCCEEDED, attempt=attempt, rendered_config=config, output=envelope.as_dict(),
@@ -457,7 +498,7 @@ class Executor:
                         Outcome.SUCCESS, refs={"step": step_id}, payload={"cost_usd": str(envelope.cost_usd)})  # fmt: skip
 
     def _skip(self, step_run: StepRun, step: dict) -> None:
-        with transaction.atomic():
+        with transaction.atomic(savepoint=False):
             now = timezone.now()
             self._save_step(step_run, status=StepStatus.SKIPPED, started_at=now, finished_at=now)
             self._update_run(step_index=self.run.step_index + 1)
@@ -471,7 +512,7 @@ class Executor:
     def _park_until(self, step_run, step, attempt, config, envelope: Envelope, started: bool) -> Parked:
         wake_at = envelope.resume_at
         self._store_outcome(step_run, step, attempt, config, envelope, started=started)
-        with transaction.atomic():
+        with transaction.atomic(savepoint=False):
             self._update_run(status=RunStatus.WAITING, wake_at=wake_at, claimed_by="", lease_expires_at=None)
             self._audit("run.waiting", f"waiting until {wake_at.isoformat()}", refs={"step": step["step_id"]})
         runtime.schedule_wake(self.run, wake_at)
@@ -484,7 +525,7 @@ class Executor:
         max_retries = int(step.get("max_retries", self.execution.get("max_retries", 0)))
         now = timezone.now()
         retry = bool(error.get("retryable")) and attempt <= max_retries
-        with transaction.atomic():
+        with transaction.atomic(savepoint=False):
             self._save_step(
                     step_run,
                 status=StepStatus.PENDING if retry else StepStatus.FAILED, attempt=attempt,
@@ -507,7 +548,7 @@ class Executor:
         if retry:
             runtime.schedule_wake(self.run, wake_at)
             return Parked(RunStatus.WAITING, wake_at)
-        with transaction.atomic():
+        with transaction.atomic(savepoint=False):
             self._audit("step.failed", f"{step_id} failed: {error['code']}", Outcome.FAILURE, refs={"step": step_id},
                         payload={"error": error, "attempt": attempt})  # fmt: skip
         self._fail({"code": error["code"], "message": error["message"], "step_id": step_id})
@@ -518,7 +559,7 @@ class Executor:
     def _fail(self, error: dict[str, Any], status: str = RunStatus.FAILED) -> None:
         """Record the failure; switch to ``on_failure`` steps if there are any still to run."""
         if self.run.phase == PLAN and self.execution.get("on_failure"):
-            with transaction.atomic():
+            with transaction.atomic(savepoint=False):
                 self._update_run(phase=ON_FAILURE, step_index=0, error={**error, "final_status": status})
                 self._audit("run.on_failure", f"running on_failure steps after {error['code']}", Outcome.FAILURE,
                             payload={"error": error})  # fmt: skip
@@ -542,7 +583,7 @@ class Executor:
         return done[-1].output.get("data") if done and done[-1].output else None
 
     def _finish(self, status: str, *, output: Any = None, error: dict | None = None) -> None:
-        with transaction.atomic():
+        with transaction.atomic(savepoint=False):
             self._update_run(status=status, output=output, error=error, finished_at=timezone.now(),
                              claimed_by="", lease_expires_at=None)  # fmt: skip
             outcome = Outcome.SUCCESS if status == RunStatus.SUCCEEDED else Outcome.FAILURE

@@ -149,7 +149,7 @@ def run_settled(run: Run) -> None:
     from .dispatcher import enqueue_on_commit
 
     with transaction.atomic():
-        Automation.objects.select_for_update().filter(pk=run.automation_id).first()
+        Automation.objects.select_for_update(no_key=True).filter(pk=run.automation_id).first()
         same = Run.objects.filter(automation_id=run.automation_id, concurrency_key=run.concurrency_key)
         active = same.filter(status__in=ACTIVE_RUN_STATUSES, enqueued_at__isnull=False).count()
         free = max_concurrent - active

@@ -111,7 +111,7 @@ def automation_create(
 def automation_update(
     *, automation: Automation, user=None, definition: Any = None, status: str | None = None
 ) -> Automation:
-    automation = Automation.objects.select_for_update().get(pk=automation.pk)
+    automation = Automation.objects.select_for_update(no_key=True).get(pk=automation.pk)
     changes: dict[str, Any] = {}
     if definition is not None and definition != automation.definition:
         definition_check(definition, automation.workspace)
@@ -181,7 +181,7 @@ def run_create(
 
 @transaction.atomic
 def run_cancel(*, run: Run, user=None) -> Run:
-    run = Run.objects.select_for_update().get(pk=run.pk)
+    run = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
     if run.status not in ACTIVE_RUN_STATUSES:
         raise RunActionRefused("CONFLICT", f"a {run.status} run cannot be cancelled")
     if run.status == RunStatus.RUNNING:
@@ -260,7 +260,7 @@ def run_resolve(*, run: Run, resolution: str, user=None, reason: str = "", outpu
     """An operator settles a ``needs_attention`` run: the step did succeed, should be retried, or failed."""
     if resolution not in RESOLUTIONS:
         raise RunActionRefused("INVALID_ARGUMENT", "resolution must be succeeded, retry or failed", 400)
-    run = Run.objects.select_for_update().get(pk=run.pk)
+    run = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
     if run.status != RunStatus.NEEDS_ATTENTION:
         raise RunActionRefused(
             "CONFLICT", f"only needs_attention runs can be resolved (this one is {run.status})"

@@ -127,4 +127,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
     report = health_report()
     response = JsonResponse(report, status=200 if report["status"] == "ok" else 503)
     response["Cache-Control"] = "no-store"
+    # A 503 here is an answer, not a server error: keep django.request from
+    # logging an ERROR on every poll of a degraded platform.
+    response._has_been_logged = True
     return response

@@ -347,9 +347,7 @@ class BeatProcess(LiveProcess):
 
     kind = "beat"
 
-    def __init__(
-        self, *, name: str | None = None, max_interval: int = 1, env: dict[str, str] | None = None
-    ):
+    def __init__(self, *, name: str | None = None, max_interval: int = 1, env: dict[str, str] | None = None):
         name = name or f"beat-{uuid.uuid4().hex[:6]}"
         argv = [
             sys.executable, "-m", "celery", "-A", "config", "beat", "-l", "INFO",

@@ -17,4 +17,4 @@ class TriggersConfig(AppConfig):
             services.automation_saved_hooks.append(triggers_sync)
         if triggers_delete_for not in services.automation_deleted_hooks:
             services.automation_deleted_hooks.append(triggers_delete_for)
-        events.subscribe(matching.event_matched)
+        events.subscribe(matching.event_matched, interested=matching.has_subscribers)

@@ -70,15 +70,24 @@ def compiled_filter(trigger_id: Any, config_hash: str, spec: Any) -> CompiledFil
     return compiled
 
 
+def _subscribed(workspace_id: int, event_type: str):
+    return Trigger.objects.filter(
+        workspace_id=workspace_id, event_type=event_type, type=TriggerType.EVENT, enabled=True,
+        automation__status=AutomationStatus.ACTIVE,
+    )  # fmt: skip
+
+
+def has_subscribers(workspace_id: int, event_type: str) -> bool:
+    """One indexed lookup; the bus skips delivering events nobody subscribes to."""
+    return _subscribed(workspace_id, event_type).exists()
+
+
 def subscribers(event: Event) -> list[Trigger]:
     return list(
-        Trigger.objects.filter(
-            workspace_id=event.workspace_id, event_type=event.event_type, type=TriggerType.EVENT, enabled=True,
-            automation__status=AutomationStatus.ACTIVE,
-        )
+        _subscribed(event.workspace_id, event.event_type)
         .only("id", "automation_id", "workspace_id", "key", "config", "config_hash")
         .order_by("pk")
-    )  # fmt: skip
+    )
 
 
 def _audit(event: Event, trigger: Trigger, type: str, summary: str, payload: dict[str, Any],

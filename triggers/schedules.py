@@ -282,7 +282,7 @@ def schedule_fire(*, trigger_id: Any, now: datetime | None = None) -> FireOutcom
         if automation_id is None:
             return FireOutcome("not_found")
         # Lock order everywhere: automation, then its triggers (as automation_update does).
-        automation = Automation.objects.select_for_update().filter(pk=automation_id).first()
+        automation = Automation.objects.select_for_update(no_key=True).filter(pk=automation_id).first()
         trigger = Trigger.objects.select_for_update().filter(pk=trigger_id).first()
         if automation is None or trigger is None or trigger.type != TriggerType.SCHEDULE:
             return FireOutcome("not_found")

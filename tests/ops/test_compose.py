@@ -120,3 +120,11 @@ def test_env_example_documents_every_variable_settings_reads():
 @pytest.mark.parametrize("needle", ["bubblewrap", "uv sync --frozen", "python:3.11-slim"])
 def test_dockerfile_builds_the_project_as_the_readme_says(needle):
     assert needle in (REPO / "Dockerfile").read_text()
+
+
+def test_readme_configuration_table_lists_every_variable_settings_reads():
+    settings_source = (REPO / "config" / "settings.py").read_text()
+    read = set(re.findall(r'env(?:\.\w+)?\(\s*"([A-Z][A-Z0-9_]+)"', settings_source))
+    readme = (REPO / "README.md").read_text()
+
+    assert {name for name in read if f"`{name}`" not in readme} == set()

@@ -146,7 +146,7 @@ class Command(BaseCommand):
         )  # fmt: skip
 
     def say(self, message: str) -> None:
-        self.stdout.write(f"{'up':<13} | {message}")
+        self.stdout.write(f"{'up':<14} | {message}")  # as wide as the supervisor's "worker-default"
 
     def handle(self, *args, host, port, concurrency, web_workers, stop_timeout, init_only, **options):
         started = time.monotonic()
