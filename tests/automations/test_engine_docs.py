@@ -32,8 +32,9 @@ def test_shipped_examples_are_valid(path):
     assert validate_definition(json.loads(path.read_text()), workspace_id=None, credential_names=None) == []
 
 
-def test_trigger_examples_in_docs_are_valid():
-    text = (ROOT / "docs" / "definition-format.md").read_text()
+@pytest.mark.parametrize("doc", ["definition-format.md", "triggers.md"])
+def test_trigger_examples_in_docs_are_valid(doc):
+    text = (ROOT / "docs" / doc).read_text()
     triggers = [t for t in map(json.loads, BLOCK.findall(text)) if "key" in t and "type" in t]
     assert len(triggers) == 3
     wrapper = {"schema_version": "1.0", "name": "t", "triggers": triggers,
