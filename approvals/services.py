@@ -64,10 +64,6 @@ class ApprovalError(Exception):
         self.http_status = http_status
 
 
-def _actor(user) -> str:
-    return f"user:{user.get_username()}" if user is not None and user.is_authenticated else "system"
-
-
 def _refs(approval: Approval) -> dict[str, str]:
     return {
         "approval": str(approval.pk),
@@ -129,7 +125,7 @@ def approval_decide(*, approval_id: Any, user, decision: str, reason: str = "", 
     except IntegrityError:
         raise ApprovalError("CONFLICT", "you have already decided on this approval", 409)
 
-    actor = _actor(user)
+    actor = writer.actor_for(user)
     if decision == Decision.DENY:
         _transition(approval, status=ApprovalStatus.DENIED, decided_at=now)
         writer.append(
@@ -288,7 +284,7 @@ def standing_approval_create(
     writer.append(
         trace_id=uuid.uuid4().hex, type="approval.standing.created", stage="approval",
         summary=f"standing approval for {capability_id} on automation {automation_id}: {max_uses} use(s)",
-        workspace_id=workspace.id, actor=_actor(user),
+        workspace_id=workspace.id, actor=writer.actor_for(user),
         refs={"standing_approval": str(standing.pk), "automation": str(automation_id)},
         payload={"capability": capability_id, "max_uses": max_uses, "expires_at": standing.expires_at.isoformat(),
                  "arg_constraint": arg_constraint, "key_id": standing.key_id},
@@ -311,7 +307,7 @@ def standing_approval_revoke(*, standing_id: Any, user) -> StandingApproval:
     writer.append(
         trace_id=uuid.uuid4().hex, type="approval.standing.revoked", stage="approval",
         summary=f"standing approval for {standing.capability_id} revoked after {standing.uses} use(s)",
-        workspace_id=standing.workspace_id, actor=_actor(user),
+        workspace_id=standing.workspace_id, actor=writer.actor_for(user),
         refs={"standing_approval": str(standing.pk), "automation": str(standing.automation_id)},
     )  # fmt: skip
     standing.refresh_from_db()
@@ -337,7 +333,7 @@ def approval_link_create(*, approval: Approval, user) -> str:
         writer.append(
             trace_id=approval.trace_id, type="approval.link_created", stage="approval",
             summary=f"{approval.step_id}: one-click approve link created for {user.get_username()}",
-            workspace_id=approval.workspace_id, actor=_actor(user), refs=_refs(approval),
+            workspace_id=approval.workspace_id, actor=writer.actor_for(user), refs=_refs(approval),
             payload={"expires_at": expires.isoformat()}, secrets=[token],
         )  # fmt: skip
     return reverse("approval-link", kwargs={"token": token})

@@ -44,6 +44,11 @@ _SORTED_KEYS = [
 _FIELD_LIMITS = {"trace_id": 64, "type": 64, "stage": 32}
 
 
+def actor_for(user) -> str:
+    """How a person appears in the ledger's ``actor`` field."""
+    return f"user:{user.get_username()}" if user is not None and user.is_authenticated else "system"
+
+
 def chain_for(workspace_id: int | None) -> str:
     return f"ws-{workspace_id}" if workspace_id is not None else "platform"
 

@@ -57,10 +57,6 @@ class RunActionRefused(Exception):
         self.http_status = http_status
 
 
-def _actor(user) -> str:
-    return f"user:{user.get_username()}" if user is not None and user.is_authenticated else "system"
-
-
 def credential_names(workspace_id: int) -> set[str] | None:
     from capabilities.credentials import credential_names as names
 
@@ -99,7 +95,7 @@ def automation_create(
                                      created_by=automation.created_by)  # fmt: skip
     writer.append(
         trace_id=uuid.uuid4().hex, type="automation.created", summary=f"automation {automation.name} created",
-        workspace_id=workspace.id, actor=_actor(user), refs={"automation": str(automation.pk)},
+        workspace_id=workspace.id, actor=writer.actor_for(user), refs={"automation": str(automation.pk)},
         payload={"version": 1},
     )  # fmt: skip
     for hook in automation_saved_hooks:
@@ -136,7 +132,7 @@ def automation_update(
     )
     writer.append(
         trace_id=uuid.uuid4().hex, type=kind, summary=f"automation {automation.name}: {changes}",
-        workspace_id=automation.workspace_id, actor=_actor(user), refs={"automation": str(automation.pk)},
+        workspace_id=automation.workspace_id, actor=writer.actor_for(user), refs={"automation": str(automation.pk)},
         payload=changes,
     )  # fmt: skip
     for hook in automation_saved_hooks:
@@ -153,7 +149,7 @@ def automation_delete(*, automation: Automation, user=None) -> None:
         hook(automation)
     writer.append(
         trace_id=uuid.uuid4().hex, type="automation.deleted", summary=f"automation {automation.name} deleted",
-        workspace_id=automation.workspace_id, actor=_actor(user), refs={"automation": str(automation.pk)},
+        workspace_id=automation.workspace_id, actor=writer.actor_for(user), refs={"automation": str(automation.pk)},
     )  # fmt: skip
     automation.delete()
 
@@ -173,7 +169,7 @@ def run_create(
         )
     return dispatch(
         DispatchRequest(
-            automation_id=automation.pk, inputs=inputs, trigger_type="manual", triggered_by=_actor(user),
+            automation_id=automation.pk, inputs=inputs, trigger_type="manual", triggered_by=writer.actor_for(user),
             trigger_payload={}, dedupe=dedupe,
         )
     )  # fmt: skip
@@ -196,10 +192,10 @@ def run_cancel(*, run: Run, user=None) -> Run:
         StepRun.objects.filter(run=run, status=StepStatus.AWAITING_APPROVAL).update(status=StepStatus.FAILED,
                                                                                   error_code="CANCELLED")  # fmt: skip
         summary = "run cancelled"
-        approvals_invalidate_for_run(run_id=run.pk, actor=_actor(user), reason="the run was cancelled")
+        approvals_invalidate_for_run(run_id=run.pk, actor=writer.actor_for(user), reason="the run was cancelled")
     writer.append(
         trace_id=run.trace_id, type="operator.run.cancelled", summary=summary, workspace_id=run.workspace_id,
-        actor=_actor(user), refs={"run": str(run.pk)},
+        actor=writer.actor_for(user), refs={"run": str(run.pk)},
     )  # fmt: skip
     if run.status != RunStatus.RUNNING:
         from .runtime import run_settled
@@ -232,7 +228,7 @@ def run_rerun(*, run: Run, user=None, from_step: str | None = None) -> Run:
     new = Run.objects.create(
         workspace_id=run.workspace_id, automation_id=run.automation_id, automation_version=run.automation_version,
         snapshot=run.snapshot, inputs=run.inputs, trigger_type=run.trigger_type, trigger_key=run.trigger_key,
-        trigger_id=run.trigger_id, trigger_payload=run.trigger_payload, triggered_by=_actor(user),
+        trigger_id=run.trigger_id, trigger_payload=run.trigger_payload, triggered_by=writer.actor_for(user),
         trace_id=uuid.uuid4().hex, parent_run=run, queue=run.queue, concurrency_key=run.concurrency_key,
         step_index=start, context=context, enqueued_at=timezone.now(),
     )  # fmt: skip
@@ -246,7 +242,7 @@ def run_rerun(*, run: Run, user=None, from_step: str | None = None) -> Run:
         writer.append(
             trace_id=trace, type="operator.run.rerun",
             summary=f"run {new.pk} re-runs {run.pk}" + (f" from step {from_step}" if from_step else ""),
-            workspace_id=run.workspace_id, actor=_actor(user), refs={"run": str(new.pk), "parent_run": str(run.pk)},
+            workspace_id=run.workspace_id, actor=writer.actor_for(user), refs={"run": str(new.pk), "parent_run": str(run.pk)},
         )  # fmt: skip
     enqueue_on_commit(new)
     return new
@@ -293,7 +289,7 @@ def run_resolve(*, run: Run, resolution: str, user=None, reason: str = "", outpu
     Run.objects.filter(pk=run.pk).update(**fields)
     writer.append(
         trace_id=run.trace_id, type="operator.run.resolved", summary=f"operator resolved the run: {resolution}",
-        workspace_id=run.workspace_id, actor=_actor(user), refs={"run": str(run.pk)},
+        workspace_id=run.workspace_id, actor=writer.actor_for(user), refs={"run": str(run.pk)},
         payload={"resolution": resolution, "reason": reason[:1000]},
         outcome=Outcome.SUCCESS if resolution != "failed" else Outcome.FAILURE,
     )  # fmt: skip

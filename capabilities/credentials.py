@@ -265,16 +265,12 @@ def secret_values(kind: str, secret: Mapping[str, str]) -> list[str]:
 # --- services ------------------------------------------------------------------
 
 
-def _actor(user) -> str:
-    return f"user:{user.get_username()}" if user is not None and user.is_authenticated else "system"
-
-
 def _audit(credential: Credential, type: str, summary: str, *, user=None, secrets: Iterable[str] = (),
            payload: dict[str, Any] | None = None, trace_id: str | None = None,
            outcome: str = Outcome.SUCCESS) -> None:  # fmt: skip
     writer.append(
         trace_id=trace_id or uuid.uuid4().hex, type=type, summary=summary, outcome=outcome,
-        workspace_id=credential.workspace_id, stage="credentials", actor=_actor(user),
+        workspace_id=credential.workspace_id, stage="credentials", actor=writer.actor_for(user),
         refs={"credential": str(credential.pk)},
         payload={"name": credential.name, "kind": credential.kind, **(payload or {})},
         secrets=list(secrets),

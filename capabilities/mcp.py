@@ -92,16 +92,12 @@ class HarvestResult:
         }
 
 
-def _actor(user) -> str:
-    return f"user:{user.get_username()}" if user is not None and user.is_authenticated else "system"
-
-
 def _audit(server: McpServer, type: str, summary: str, *, user=None, actor: str | None = None,
            outcome: str = Outcome.INFO, refs: dict | None = None, payload: dict | None = None,
            trace_id: str | None = None, secrets: list[str] | tuple[str, ...] = ()) -> None:  # fmt: skip
     writer.append(
         trace_id=trace_id or uuid.uuid4().hex, type=type, summary=summary, outcome=outcome,
-        workspace_id=server.workspace_id, stage="mcp", actor=actor or _actor(user),
+        workspace_id=server.workspace_id, stage="mcp", actor=actor or writer.actor_for(user),
         refs={"mcp_server": str(server.pk), **(refs or {})}, payload={"server": server.slug, **(payload or {})},
         secrets=secrets,
     )  # fmt: skip
@@ -365,7 +361,7 @@ def _unusable(info: mcp_client.ToolInfo) -> str:
 def mcp_harvest(server: McpServer, *, user=None, actor: str | None = None) -> HarvestResult:
     """List ``server``'s tools now and reconcile the McpTool rows; raises McpServiceError on failure."""
     server = McpServer.objects.select_related("workspace", "credential").get(pk=server.pk)
-    actor = actor or _actor(user)
+    actor = actor or writer.actor_for(user)
     trace_id = uuid.uuid4().hex
     secrets: list[str] = []
     try:

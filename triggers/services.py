@@ -37,15 +37,11 @@ class TriggerActionRefused(Exception):
         self.http_status = http_status
 
 
-def _actor(user) -> str:
-    return f"user:{user.get_username()}" if user is not None and user.is_authenticated else "system"
-
-
 def _audit(trigger: Trigger, type: str, summary: str, *, user=None, payload: dict[str, Any] | None = None,
            secrets: list[str] | None = None, outcome: str = Outcome.SUCCESS) -> None:  # fmt: skip
     writer.append(
         trace_id=uuid.uuid4().hex, type=type, summary=f"trigger {trigger.key}: {summary}", outcome=outcome,
-        workspace_id=trigger.workspace_id, stage="trigger", actor=_actor(user),
+        workspace_id=trigger.workspace_id, stage="trigger", actor=writer.actor_for(user),
         refs={"automation": str(trigger.automation_id), "trigger": str(trigger.pk)},
         payload={"key": trigger.key, "type": trigger.type, **(payload or {})}, secrets=secrets or [],
     )  # fmt: skip
