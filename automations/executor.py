@@ -167,18 +167,18 @@ class Executor:
         try:
             if not self._recover():
                 return
+            # Committed on its own: a batch below may roll back, the start must not.
+            self._start()
             while True:
                 if self._quick_step_next():
                     # Steps without side effects that finish in milliseconds are safe to
-                    # repeat after a crash, so a run of them (and the run's start and end)
-                    # share one transaction instead of committing step by step.
+                    # repeat after a crash, so a run of them (and the run's end) share one
+                    # transaction instead of committing step by step.
                     with transaction.atomic():
                         self.batching = True
-                        self._start()
                         done = self._advance_while(self._quick_step_next)
                     self.batching = False
                 else:
-                    self._start()
                     done = self._advance_while(lambda: True, limit=1)
                 if done:
                     return
