@@ -27,8 +27,10 @@ import pytest
 from django.conf import settings
 
 from config.celery import QUEUES
+from workspaces.models import Role
 
 from . import live
+from .people import client_for, member
 
 logger = logging.getLogger(__name__)
 
@@ -185,3 +187,30 @@ def beat_process(transactional_db):
     yield start
     for beat in started:
         beat.stop()
+
+
+# --- people (each test directory defines its own `workspace` and `other_workspace`) ------
+@pytest.fixture
+def owner(workspace):
+    return member("owner", workspace, Role.ADMIN)
+
+
+@pytest.fixture
+def operator(workspace):
+    return member("operator", workspace, Role.OPERATOR)
+
+
+@pytest.fixture
+def viewer(workspace):
+    return member("viewer", workspace, Role.VIEWER)
+
+
+@pytest.fixture
+def outsider(other_workspace):
+    """An admin of another workspace."""
+    return member("outsider", other_workspace, Role.ADMIN)
+
+
+@pytest.fixture
+def api(owner):
+    return client_for(owner)

@@ -11,15 +11,11 @@ from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from automations import executor
 from automations.models import Run, RunStatus
-from workspaces.models import Role
-from workspaces.services import membership_set_role, workspace_get_or_create
-
-from .factories import client_for
+from workspaces.services import workspace_get_or_create
 
 
 @pytest.fixture
@@ -33,33 +29,6 @@ def workspace(db):
 @pytest.fixture
 def other_workspace(db):
     return workspace_get_or_create(slug="globex")
-
-
-def _member(username, workspace, role):
-    user = get_user_model().objects.create_user(username=username, password="pw-" + username)
-    if workspace is not None:
-        membership_set_role(workspace=workspace, user=user, role=role)
-    return user
-
-
-@pytest.fixture
-def owner(workspace):
-    return _member("owner", workspace, Role.ADMIN)
-
-
-@pytest.fixture
-def viewer(workspace):
-    return _member("viewer", workspace, Role.VIEWER)
-
-
-@pytest.fixture
-def outsider(other_workspace):
-    return _member("outsider", other_workspace, Role.ADMIN)
-
-
-@pytest.fixture
-def api(owner):
-    return client_for(owner)
 
 
 @pytest.fixture

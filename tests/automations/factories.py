@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from rest_framework.authtoken.models import Token
-from rest_framework.test import APIClient
+from tests.people import client_for  # noqa: F401 - re-exported for the tests here
 
 
 def definition(*steps, **extra) -> dict:
@@ -14,10 +13,3 @@ def definition(*steps, **extra) -> dict:
 
 def transform(step_id: str, output, **extra) -> dict:
     return {"step_id": step_id, "action": "transform_data", "config": {"output": output}, **extra}
-
-
-def client_for(user) -> APIClient:
-    client = APIClient()
-    token, _ = Token.objects.get_or_create(user=user)
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
-    return client

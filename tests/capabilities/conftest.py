@@ -15,12 +15,9 @@ from pathlib import Path
 
 import pytest
 from cryptography.fernet import Fernet
-from django.contrib.auth import get_user_model
-from rest_framework.authtoken.models import Token
-from rest_framework.test import APIClient
 
-from workspaces.models import Role
-from workspaces.services import membership_set_role, workspace_get_or_create
+from tests.people import client_for as shared_client_for
+from workspaces.services import workspace_get_or_create
 
 SERVER_SCRIPT = Path(__file__).with_name("mcp_test_server.py")
 
@@ -49,43 +46,11 @@ def other_workspace(db):
     return ws
 
 
-def _member(username: str, workspace, role: str, **extra):
-    user = get_user_model().objects.create_user(username=username, password="pw-" + username, **extra)
-    membership_set_role(workspace=workspace, user=user, role=role)
-    return user
-
-
-@pytest.fixture
-def owner(workspace):
-    return _member("owner", workspace, Role.ADMIN)
-
-
-@pytest.fixture
-def viewer(workspace):
-    return _member("viewer", workspace, Role.VIEWER)
-
-
-@pytest.fixture
-def outsider(other_workspace):
-    return _member("outsider", other_workspace, Role.ADMIN)
-
-
-def _client_for(user) -> APIClient:
-    client = APIClient()
-    token, _ = Token.objects.get_or_create(user=user)
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
-    return client
-
 
 @pytest.fixture
 def client_for():
     """``client_for(user)``: an API client authenticated with the user's token."""
-    return _client_for
-
-
-@pytest.fixture
-def api(owner) -> APIClient:
-    return _client_for(owner)
+    return shared_client_for
 
 
 # --- real MCP servers -------------------------------------------------------------------

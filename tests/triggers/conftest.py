@@ -7,17 +7,15 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from automations import executor, services
 from automations.models import Run, RunStatus
 from triggers.models import Trigger
 from triggers.services import trigger_token_rotate
-from workspaces.models import Role
-from workspaces.services import membership_set_role, workspace_get_or_create
+from workspaces.services import workspace_get_or_create
 
-from .factories import client_for, definition, webhook
+from .factories import definition, webhook
 
 
 @pytest.fixture
@@ -28,38 +26,6 @@ def workspace(db):
 @pytest.fixture
 def other_workspace(db):
     return workspace_get_or_create(slug="globex")
-
-
-def _member(username, workspace, role):
-    user = get_user_model().objects.create_user(username=username, password="pw-" + username)
-    if workspace is not None:
-        membership_set_role(workspace=workspace, user=user, role=role)
-    return user
-
-
-@pytest.fixture
-def owner(workspace):
-    return _member("owner", workspace, Role.ADMIN)
-
-
-@pytest.fixture
-def operator(workspace):
-    return _member("operator", workspace, Role.OPERATOR)
-
-
-@pytest.fixture
-def viewer(workspace):
-    return _member("viewer", workspace, Role.VIEWER)
-
-
-@pytest.fixture
-def outsider(other_workspace):
-    return _member("outsider", other_workspace, Role.ADMIN)
-
-
-@pytest.fixture
-def api(owner):
-    return client_for(owner)
 
 
 @pytest.fixture

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
+
+from tests.people import client_for  # noqa: F401 - re-exported for the tests here
 
 
 def definition(
@@ -31,13 +32,6 @@ def schedule(key: str = "cron", cron: str = "0 * * * *", **config) -> dict:
 
 def event(key: str = "on-event", event_type: str = "files.added", **config) -> dict:
     return {"key": key, "type": "event", "config": {"event_type": event_type, **config}}
-
-
-def client_for(user) -> APIClient:
-    client = APIClient()
-    token, _ = Token.objects.get_or_create(user=user)
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
-    return client
 
 
 def fire(client: APIClient, automation_id, body=b"{}", *, token: str | None = None, content_type="application/json",
