@@ -5,20 +5,18 @@ from __future__ import annotations
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
-from rest_framework.exceptions import NotFound
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config.api_errors import ApiError, ValidationErrors
-from workspaces.access import default_workspace_for, workspaces_for
+from workspaces.api import require, workspace_for_write
 from workspaces.models import Permission
 
 from .. import definition as defs
 from .. import events, selectors, services
 from ..dispatcher import DispatchError, DispatchResult
 from ..models import Run
-from .permissions import require
 from .serializers import (
     AutomationOut,
     AutomationVersionOut,
@@ -31,19 +29,6 @@ from .serializers import (
 )
 
 MAX_BODY_BYTES = 1024 * 1024
-
-
-def _workspace_for_write(request, slug: str | None):
-    if slug:
-        workspace = workspaces_for(request.user, Permission.VIEW).filter(slug=slug).first()
-        if workspace is None:
-            raise NotFound("workspace not found")
-        require(request.user, workspace.id, Permission.OPERATE)
-        return workspace
-    workspace = default_workspace_for(request.user, Permission.OPERATE)
-    if workspace is None:
-        raise ApiError("INVALID_ARGUMENT", "name the workspace: you can write to none or to several")
-    return workspace
 
 
 def _check_body_size(request) -> None:
@@ -83,7 +68,9 @@ class AutomationList(generics.ListAPIView):
             raise ApiError("INVALID_ARGUMENT", "the body must be a JSON object")
         wrapped = "definition" in body
         definition = body.get("definition") if wrapped else body
-        workspace = _workspace_for_write(request, body.get("workspace") if wrapped else None)
+        workspace = workspace_for_write(
+            request, body.get("workspace") if wrapped else None, Permission.OPERATE
+        )
         try:
             automation = services.automation_create(
                 workspace=workspace, definition=definition, user=request.user,
@@ -235,7 +222,7 @@ class EventPublish(APIView):
         _check_body_size(request)
         data = EventIn(data=request.data)
         data.is_valid(raise_exception=True)
-        workspace = _workspace_for_write(request, data.validated_data.get("workspace"))
+        workspace = workspace_for_write(request, data.validated_data.get("workspace"), Permission.OPERATE)
         event_id = events.publish(
             workspace_id=workspace.id, event_type=data.validated_data["event_type"],
             payload=data.validated_data["payload"], source="api", actor=f"user:{request.user.get_username()}",

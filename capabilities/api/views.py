@@ -2,13 +2,13 @@ from __future__ import annotations
 
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
-from rest_framework.exceptions import NotFound, PermissionDenied
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config.api_errors import ApiError, ValidationErrors
-from workspaces.access import default_workspace_for, has_permission, workspaces_for
-from workspaces.models import Permission, Workspace
+from workspaces.access import workspaces_for
+from workspaces.api import require, workspace_for_write
+from workspaces.models import Permission
 
 from .. import credentials, mcp, registry
 from ..base import Capability
@@ -67,25 +67,6 @@ class CapabilityList(APIView):
 # --- credentials and MCP --------------------------------------------------------------
 
 
-def _require(user, workspace_id: int, permission: str) -> None:
-    """Members without the permission get 403 (non-members never see the object: 404)."""
-    if not has_permission(user, workspace_id, permission):
-        raise PermissionDenied(f"your role in this workspace does not allow '{permission}'")
-
-
-def _workspace_for_admin(request, slug: str | None) -> Workspace:
-    if slug:
-        workspace = workspaces_for(request.user, Permission.VIEW).filter(slug=slug).first()
-        if workspace is None:
-            raise NotFound("workspace not found")
-        _require(request.user, workspace.id, Permission.ADMINISTER)
-        return workspace
-    workspace = default_workspace_for(request.user, Permission.ADMINISTER)
-    if workspace is None:
-        raise ApiError("INVALID_ARGUMENT", "name the workspace: you administer none or several")
-    return workspace
-
-
 def _visible(queryset, user, field: str = "workspace"):
     return queryset.filter(**{f"{field}__in": workspaces_for(user, Permission.VIEW)})
 
@@ -113,7 +94,7 @@ class CredentialList(generics.ListAPIView):
     def post(self, request):
         data = CredentialIn(data=request.data)
         data.is_valid(raise_exception=True)
-        workspace = _workspace_for_admin(request, data.validated_data.get("workspace"))
+        workspace = workspace_for_write(request, data.validated_data.get("workspace"), Permission.ADMINISTER)
         try:
             credential = credentials.credential_create(
                 workspace=workspace, name=data.validated_data["name"], kind=data.validated_data["kind"],
@@ -133,7 +114,7 @@ class CredentialDetail(generics.RetrieveAPIView):
     @extend_schema(responses={204: None})
     def delete(self, request, pk):
         credential = self.get_object()
-        _require(request.user, credential.workspace_id, Permission.ADMINISTER)
+        require(request.user, credential.workspace_id, Permission.ADMINISTER)
         try:
             credentials.credential_delete(credential=credential, user=request.user)
         except CredentialError as exc:
@@ -152,7 +133,7 @@ class CredentialSecret(generics.GenericAPIView):
     @extend_schema(request=CredentialSecretIn, responses={200: CredentialOut})
     def post(self, request, pk):
         credential = self.get_object()
-        _require(request.user, credential.workspace_id, Permission.ADMINISTER)
+        require(request.user, credential.workspace_id, Permission.ADMINISTER)
         data = CredentialSecretIn(data=request.data)
         data.is_valid(raise_exception=True)
         try:
@@ -187,7 +168,7 @@ class McpServerList(generics.ListAPIView):
         data = McpServerIn(data=request.data)
         data.is_valid(raise_exception=True)
         values = dict(data.validated_data)
-        workspace = _workspace_for_admin(request, values.pop("workspace", None))
+        workspace = workspace_for_write(request, values.pop("workspace", None), Permission.ADMINISTER)
         credential = _credential_by_name(workspace.id, values.pop("credential", None))
         try:
             server = mcp.mcp_server_create(
@@ -207,7 +188,7 @@ class McpServerDetail(generics.RetrieveAPIView):
     @extend_schema(request=McpServerPatch, responses={200: McpServerOut})
     def patch(self, request, pk):
         server = self.get_object()
-        _require(request.user, server.workspace_id, Permission.ADMINISTER)
+        require(request.user, server.workspace_id, Permission.ADMINISTER)
         data = McpServerPatch(data=request.data)
         data.is_valid(raise_exception=True)
         changes = dict(data.validated_data)
@@ -227,7 +208,7 @@ class McpServerHarvest(generics.GenericAPIView):
     @extend_schema(request=None, responses={200: HarvestOut})
     def post(self, request, pk):
         server = self.get_object()
-        _require(request.user, server.workspace_id, Permission.ADMINISTER)
+        require(request.user, server.workspace_id, Permission.ADMINISTER)
         try:
             result = mcp.mcp_harvest(server, user=request.user)
         except mcp.McpServiceError as exc:
@@ -261,7 +242,7 @@ class McpToolDetail(generics.RetrieveAPIView):
     @extend_schema(request=McpToolPatch, responses={200: McpToolOut})
     def patch(self, request, pk):
         tool = self.get_object()
-        _require(request.user, tool.server.workspace_id, Permission.ADMINISTER)
+        require(request.user, tool.server.workspace_id, Permission.ADMINISTER)
         data = McpToolPatch(data=request.data)
         data.is_valid(raise_exception=True)
         try:
@@ -280,7 +261,7 @@ class McpToolApprove(generics.GenericAPIView):
     @extend_schema(request=None, responses={200: McpToolOut})
     def post(self, request, pk):
         tool = self.get_object()
-        _require(request.user, tool.server.workspace_id, Permission.ADMINISTER)
+        require(request.user, tool.server.workspace_id, Permission.ADMINISTER)
         try:
             tool = mcp.mcp_tool_approve(tool=tool, user=request.user)
         except mcp.McpServiceError as exc:

@@ -11,10 +11,10 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from automations.api.permissions import require
 from automations.dispatcher import DispatchResult
 from automations.selectors import automations_visible_to
 from config.api_errors import ApiError, error_body
+from workspaces.api import require
 from workspaces.models import Permission
 
 from .. import selectors, services, webhooks
