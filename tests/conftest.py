@@ -20,12 +20,16 @@ from __future__ import annotations
 
 import importlib
 import logging
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 from django.conf import settings
+from django.utils import timezone
 
+from automations import executor
+from automations.models import Run, RunStatus
 from config.celery import QUEUES
 from workspaces.models import Role
 
@@ -214,3 +218,24 @@ def outsider(other_workspace):
 @pytest.fixture
 def api(owner):
     return client_for(owner)
+
+
+@pytest.fixture
+def drive():
+    """``drive(run_id) -> Run``: the real executor in-process (the Celery task wraps the same call),
+    letting parked timers come due and expired leases be taken over, until the run is at rest."""
+
+    def _drive(run_id, max_rounds: int = 50) -> Run:
+        for _ in range(max_rounds):
+            run = Run.objects.get(pk=run_id)
+            if run.status == RunStatus.WAITING:
+                Run.objects.filter(pk=run_id).update(wake_at=timezone.now() - timedelta(seconds=1))
+            elif run.status == RunStatus.RUNNING:
+                if run.lease_expires_at is None or run.lease_expires_at > timezone.now():
+                    return run
+            elif run.status != RunStatus.QUEUED or run.enqueued_at is None:
+                return run
+            executor.execute_run(str(run_id))
+        raise AssertionError(f"run {run_id} did not come to rest")
+
+    return _drive

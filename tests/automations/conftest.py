@@ -7,14 +7,10 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from django.utils import timezone
 
-from automations import executor
-from automations.models import Run, RunStatus
 from workspaces.services import workspace_get_or_create
 
 
@@ -29,26 +25,6 @@ def workspace(db):
 @pytest.fixture
 def other_workspace(db):
     return workspace_get_or_create(slug="globex")
-
-
-@pytest.fixture
-def drive():
-    """Run a run to rest with the real executor, letting parked timers come due at once."""
-
-    def _drive(run_id, max_rounds: int = 50) -> Run:
-        for _ in range(max_rounds):
-            run = Run.objects.get(pk=run_id)
-            if run.status == RunStatus.WAITING:
-                Run.objects.filter(pk=run_id).update(wake_at=timezone.now() - timedelta(seconds=1))
-            elif run.status == RunStatus.RUNNING:
-                if run.lease_expires_at is None or run.lease_expires_at > timezone.now():
-                    return run
-            elif run.status != RunStatus.QUEUED or run.enqueued_at is None:
-                return run
-            executor.execute_run(str(run_id))
-        raise AssertionError(f"run {run_id} did not come to rest")
-
-    return _drive
 
 
 class Recorder(BaseHTTPRequestHandler):

@@ -10,11 +10,9 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from django.utils import timezone
 
 from approvals.models import Approval
 from approvals.services import approval_decide
@@ -33,23 +31,6 @@ TOOLS = {"read_file", "write_note", "slow_note", "echo_secret", "fail"}
 
 
 # --- helpers ---------------------------------------------------------------------------
-
-
-@pytest.fixture
-def drive():
-    """Run a run to rest with the real executor, letting parked retry timers come due at once."""
-
-    def _drive(run_id, max_rounds: int = 30) -> Run:
-        for _ in range(max_rounds):
-            run = Run.objects.get(pk=run_id)
-            if run.status == RunStatus.WAITING:
-                Run.objects.filter(pk=run_id).update(wake_at=timezone.now() - timedelta(seconds=1))
-            elif run.status != RunStatus.QUEUED or run.enqueued_at is None:
-                return run
-            executor.execute_run(str(run_id))
-        raise AssertionError(f"run {run_id} did not come to rest")
-
-    return _drive
 
 
 def _http(workspace, server, slug="files", credential=None) -> McpServer:

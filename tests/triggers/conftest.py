@@ -4,13 +4,9 @@ the real executor in-process, and webhook helpers."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
-from django.utils import timezone
 
-from automations import executor, services
-from automations.models import Run, RunStatus
+from automations import services
 from triggers.models import Trigger
 from triggers.services import trigger_token_rotate
 from workspaces.services import workspace_get_or_create
@@ -50,23 +46,6 @@ def hook(make_automation, owner):
         return automation, trigger, trigger_token_rotate(trigger=trigger, user=owner)
 
     return _hook
-
-
-@pytest.fixture
-def drive():
-    """Run a run to rest with the real executor (the Celery task is a thin wrapper around this)."""
-
-    def _drive(run_id, max_rounds: int = 50) -> Run:
-        for _ in range(max_rounds):
-            run = Run.objects.get(pk=run_id)
-            if run.status == RunStatus.WAITING:
-                Run.objects.filter(pk=run_id).update(wake_at=timezone.now() - timedelta(seconds=1))
-            elif run.status != RunStatus.QUEUED or run.enqueued_at is None:
-                return run
-            executor.execute_run(str(run_id))
-        raise AssertionError(f"run {run_id} did not come to rest")
-
-    return _drive
 
 
 @pytest.fixture
