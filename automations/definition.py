@@ -213,7 +213,10 @@ def describe_step(step: Mapping[str, Any], workspace_id: int | None = None) -> C
         return action.describe(config)
     except Exception:  # a templated field the description depends on: assume the worst
         return Capability(
-            id=step["action"], risk=Risk.HIGH, idempotent=False, side_effects=frozenset({SideEffect.EXTERNAL_WRITE}),
+            id=step["action"],
+            risk=Risk.HIGH,
+            idempotent=False,
+            side_effects=frozenset({SideEffect.EXTERNAL_WRITE}),
             expected_duration_seconds=60.0,
         )
 

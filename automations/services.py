@@ -192,7 +192,9 @@ def run_cancel(*, run: Run, user=None) -> Run:
         StepRun.objects.filter(run=run, status=StepStatus.AWAITING_APPROVAL).update(status=StepStatus.FAILED,
                                                                                   error_code="CANCELLED")  # fmt: skip
         summary = "run cancelled"
-        approvals_invalidate_for_run(run_id=run.pk, actor=writer.actor_for(user), reason="the run was cancelled")
+        approvals_invalidate_for_run(
+            run_id=run.pk, actor=writer.actor_for(user), reason="the run was cancelled"
+        )
     writer.append(
         trace_id=run.trace_id, type="operator.run.cancelled", summary=summary, workspace_id=run.workspace_id,
         actor=writer.actor_for(user), refs={"run": str(run.pk)},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from config.health import healthz
+from ops.health import healthz
 from ops.metrics import metrics_view
 
 urlpatterns = [

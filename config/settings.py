@@ -170,7 +170,9 @@ AUTOPLANE_RETIRED_PUBLIC_KEY_FILES = [
 # setup: with PostgreSQL every process must share one key, so create it with
 # `manage.py keygen` (or set AUTOPLANE_SIGNING_KEY) instead of letting each
 # container invent its own.
-AUTOPLANE_SIGNING_KEY_AUTOGENERATE = env.bool("AUTOPLANE_SIGNING_KEY_AUTOGENERATE", default=DATABASE_IS_SQLITE)
+AUTOPLANE_SIGNING_KEY_AUTOGENERATE = env.bool(
+    "AUTOPLANE_SIGNING_KEY_AUTOGENERATE", default=DATABASE_IS_SQLITE
+)
 # The PostgreSQL audit append is a prepared statement; turn off behind a pooler
 # (PgBouncer in transaction mode) that cannot keep prepared statements.
 AUTOPLANE_AUDIT_PREPARED_STATEMENTS = env.bool("AUTOPLANE_AUDIT_PREPARED_STATEMENTS", default=True)

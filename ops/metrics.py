@@ -27,7 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from config.celery import QUEUES
-from config.health import broker_backlog
+from ops.health import broker_backlog
 
 from .models import HeartbeatKind
 from .selectors import heartbeats_fresh, last_seen, workers_by_queue

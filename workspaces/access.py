@@ -17,7 +17,9 @@ def workspaces_for(user, permission: str = Permission.VIEW) -> QuerySet[Workspac
 def has_permission(user, workspace_id: int, permission: str) -> bool:
     if not user or not user.is_authenticated:
         return False
-    role = Membership.objects.filter(user=user, workspace_id=workspace_id).values_list("role", flat=True).first()
+    role = (
+        Membership.objects.filter(user=user, workspace_id=workspace_id).values_list("role", flat=True).first()
+    )
     return role is not None and permission in ROLE_PERMISSIONS[role]
 
 

@@ -32,7 +32,9 @@ def workspace_get_or_create(*, slug: str, name: str = "", actor: str = "system")
 def membership_set_role(*, workspace: Workspace, user, role: str, actor: str = "system") -> Membership:
     if role not in Role.values:
         raise ValueError(f"unknown role {role!r}")
-    membership, created = Membership.objects.get_or_create(workspace=workspace, user=user, defaults={"role": role})
+    membership, created = Membership.objects.get_or_create(
+        workspace=workspace, user=user, defaults={"role": role}
+    )
     previous = None if created else membership.role
     if previous != role:
         if not created:

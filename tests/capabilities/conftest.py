@@ -46,7 +46,6 @@ def other_workspace(db):
     return ws
 
 
-
 @pytest.fixture
 def client_for():
     """``client_for(user)``: an API client authenticated with the user's token."""

@@ -5,7 +5,7 @@ import sys
 import threading
 import time
 
-from config.supervisor import ChildSpec, Supervisor
+from ops.supervisor import ChildSpec, Supervisor
 from tests.live import descendants_of, is_alive
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]

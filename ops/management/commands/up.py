@@ -2,7 +2,7 @@
 
 Migrates, bootstraps an empty installation (admin user, ``default`` workspace,
 API token, signing key, example automations), then supervises the web server,
-one Celery worker per queue and exactly one beat (see ``config/supervisor.py``
+one Celery worker per queue and exactly one beat (see ``ops/supervisor.py``
 for the restart and shutdown policy).
 """
 
@@ -25,8 +25,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
 from config.celery import QUEUES
-from config.supervisor import ChildSpec, Supervisor
 from ops.services import Bootstrap, platform_bootstrap
+from ops.supervisor import ChildSpec, Supervisor
 
 DEFAULT_CONCURRENCY = {"default": 1, "automations_fast": 2, "automations_medium": 1, "automations_long": 1}
 READY_TIMEOUT = 120.0
