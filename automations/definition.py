@@ -11,8 +11,6 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-import jinja2
-import jinja2.meta
 from croniter import croniter
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -151,9 +149,6 @@ DEFINITION_SCHEMA: dict[str, Any] = {
 }
 
 _VALIDATOR = Draft202012Validator(DEFINITION_SCHEMA)
-# A plain (non-sandboxed) environment used only to *parse* already size-checked
-# templates and list the names they read; nothing is rendered with it.
-_PARSER = jinja2.Environment(autoescape=False)  # noqa: S701 - parse only, never renders
 
 
 def _pointer(parts: Iterable[Any]) -> str:
@@ -195,8 +190,8 @@ def _schema_message(error) -> str:
 
 
 def template_names(source: str) -> set[str]:
-    """Top-level names a (valid) template reads."""
-    return set(jinja2.meta.find_undeclared_variables(_PARSER.parse(source)))
+    """Top-level names a (valid) template reads: parsed and compiled only in the sandbox (SPEC §4)."""
+    return set(template.template_names(source))
 
 
 def describe_step(step: Mapping[str, Any], workspace_id: int | None = None) -> Capability | None:

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
-from jinja2 import Template, nodes, pass_context
+from jinja2 import Template, meta, nodes, pass_context
 from jinja2 import exceptions as jinja_errors
 from jinja2.runtime import LoopContext, Macro, StrictUndefined, Undefined
 from jinja2.sandbox import ImmutableSandboxedEnvironment, is_internal_attribute, modifies_known_mutable
@@ -74,6 +74,7 @@ __all__ = [
     "iter_templates",
     "render",
     "render_value",
+    "template_names",
     "validate_template",
 ]
 
@@ -408,6 +409,7 @@ def _prepare(ast: nodes.Template) -> None:
 class _Compiled(NamedTuple):
     template: Template
     native: bool  # exactly one `{{ expr }}`: renders to the expression's own value
+    names: frozenset[str]  # the top-level names the template reads
 
 
 @contextmanager
@@ -458,6 +460,9 @@ def _compile(source: str) -> _Compiled:
     with _guard("parse", 10 * RENDER_BUDGET_SECONDS):  # parsing itself cannot loop
         ast = _ENV.parse(source)
         _prepare(ast)
+        # Name analysis generates code, and code generation folds constants: it runs here, in
+        # the sandboxed environment and under this budget, never in a plain environment.
+        names = frozenset(meta.find_undeclared_variables(ast))
         body = ast.body
         native = (
             len(body) == 1
@@ -469,7 +474,7 @@ def _compile(source: str) -> _Compiled:
             ast = nodes.Template([nodes.Assign(nodes.Name("result", "store"), body[0].nodes[0])], lineno=1)
             ast.set_lineno(1)
         ast.set_environment(_ENV)
-        return _Compiled(_ENV.from_string(ast), native)
+        return _Compiled(_ENV.from_string(ast), native, names)
 
 
 # -- public interface ------------------------------------------------------------------------
@@ -484,6 +489,13 @@ def validate_template(source: str) -> None:
     if not isinstance(source, str):
         raise TemplateError("template must be text")
     _compile(source)
+
+
+def template_names(source: str) -> frozenset[str]:
+    """The top-level names a template reads (compiled, and so checked, in the sandbox)."""
+    if not isinstance(source, str):
+        raise TemplateError("template must be text")
+    return _compile(source).names
 
 
 def render(source: str, context: Mapping[str, Any]) -> Any:

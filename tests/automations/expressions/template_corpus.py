@@ -243,6 +243,54 @@ CORPUS: list[dict[str, Any]] = [
     _case("slugify-huge", "{{ big|slugify }}", LIMIT, "big", static=False),
     _case("date-format-width", "{{ '2024-01-01'|date('%999999999Y') }}", static=False),
     _case("round-precision-bomb", "{{ 1.5|round(10**9) }}", static=False),
+    # -- constant folding: literal expressions Jinja would evaluate while compiling (issue 12) ---
+    # Each is cheap to write and expensive to fold: a compiler that folds filters outside the
+    # sandbox's budget spends seconds and gigabytes before anything is rendered.
+    _case(
+        "fold-replace-amplify",
+        "{{ ('a' * 3000)|replace('a', 'b' * 900000)|length }}",
+        LIMIT,
+        static=False,
+    ),
+    _case(
+        "fold-replace-twice",
+        "{{ ('ab' * 400000)|replace('a', 'aa')|replace('b', 'bb') }}",
+        LIMIT,
+        static=False,
+    ),
+    _case("fold-upper-over-cap", "{{ ('ab' * 400000)|replace('a', 'aa')|upper }}", LIMIT, static=False),
+    _case(
+        "fold-in-if-test",
+        "{% if ('a' * 3000)|replace('a', 'b' * 900000) %}x{% endif %}",
+        LIMIT,
+        static=False,
+    ),
+    _case(
+        "fold-in-set",
+        "{% set a = ('a' * 3000)|replace('a', 'b' * 900000) %}{{ a|length }}",
+        LIMIT,
+        static=False,
+    ),
+    _case("fold-is-test", "{{ ('a' * 3000)|replace('a', 'b' * 900000) is string }}", LIMIT, static=False),
+    _case("fold-join-of-repeated-list", "{{ (['x' * 900000] * 1000)|join }}", LIMIT),
+    _case(
+        "fold-sorted-then-amplified",
+        "{{ ('ab' * 300000)|sort|join|replace('a', 'aaaa') }}",
+        LIMIT,
+        static=False,
+    ),
+    _case(
+        "fold-concat-of-filters",
+        "{{ ('a' * 3000)|replace('a', 'b' * 900000) ~ ('a' * 3000)|upper }}",
+        LIMIT,
+        static=False,
+    ),
+    _case(
+        "fold-a-dozen-copies",
+        "{{ ('a' * 3000)|replace('a', 'b' * 900000)|length }}" * 12,
+        LIMIT,
+        static=False,
+    ),
     # -- pathological nesting and size ---------------------------------------------------------
     _case("parens-5000", "{{ " + "(" * 5000 + "1" + " }}", LIMIT),
     _case("parens-balanced-3000", "{{ " + "(" * 3000 + "1" + ")" * 3000 + " }}", LIMIT),
