@@ -24,6 +24,7 @@ from jsonschema.exceptions import SchemaError
 
 from audit import writer
 from audit.models import Outcome
+from config.errors import ServiceError
 from workspaces.access import has_permission
 from workspaces.models import Permission, Workspace
 
@@ -54,14 +55,8 @@ LINK_TTL = timedelta(hours=24)
 SWEEP_BATCH = 500
 
 
-class ApprovalError(Exception):
+class ApprovalError(ServiceError):
     """A refused approval operation, with a stable API code and HTTP status."""
-
-    def __init__(self, code: str, message: str, http_status: int = 400):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.http_status = http_status
 
 
 def _refs(approval: Approval) -> dict[str, str]:

@@ -25,6 +25,7 @@ from jsonschema import Draft202012Validator
 from audit import writer
 from audit.models import Outcome
 from config.celery import QUEUE_FAST, QUEUE_LONG, QUEUE_MEDIUM
+from config.errors import ServiceError
 
 from . import definition as defs
 from .expressions import template
@@ -38,13 +39,8 @@ FAST_BELOW_SECONDS = 10
 MEDIUM_BELOW_SECONDS = 300
 
 
-class DispatchError(Exception):
-    def __init__(self, code: str, message: str, http_status: int = 400, errors: list[dict] | None = None):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.http_status = http_status
-        self.errors = errors
+class DispatchError(ServiceError):
+    """A fire the dispatcher refuses (bad inputs, budget, dedupe conflict, chain depth)."""
 
 
 @dataclass

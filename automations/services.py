@@ -18,6 +18,7 @@ from django.utils import timezone
 from approvals.services import approvals_invalidate_for_run
 from audit import writer
 from audit.models import Outcome
+from config.errors import InvalidArgument, ServiceError
 from workspaces.models import Workspace
 
 from . import definition as defs
@@ -43,18 +44,15 @@ automation_saved_hooks: list[Callable[[Automation], None]] = []
 automation_deleted_hooks: list[Callable[[Automation], None]] = []
 
 
-class DefinitionInvalid(Exception):
+class DefinitionInvalid(InvalidArgument):
     def __init__(self, errors: list[dict[str, str]]):
-        super().__init__(f"{len(errors)} problem(s) in the definition")
-        self.errors = errors
+        super().__init__(errors, f"{len(errors)} problem(s) in the definition")
 
 
-class RunActionRefused(Exception):
-    def __init__(self, code: str, message: str, http_status: int = 409):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.http_status = http_status
+class RunActionRefused(ServiceError):
+    """An operator action the run's state does not allow (409 unless said otherwise)."""
+
+    default_status = 409
 
 
 def credential_names(workspace_id: int) -> set[str] | None:

@@ -42,6 +42,7 @@ from django.utils import timezone
 
 from audit import writer
 from audit.models import Outcome
+from config.errors import ServiceError
 
 from .base import ErrorCode, StepFailure
 from .models import Credential, CredentialKind
@@ -71,13 +72,15 @@ KIND_FIELDS: dict[str, tuple[frozenset[str], frozenset[str], frozenset[str], fro
 _NOT_SECRET = frozenset({"username"})
 
 
-class CredentialError(Exception):
-    """A credential request that cannot be honoured; ``message`` is safe to show."""
+class CredentialError(ServiceError):
+    """A credential request that cannot be honoured; ``message`` is safe to show.
+
+    An invalid argument names its ``path``; a conflict (the credential is in use) is 409.
+    """
 
     def __init__(self, code: str, message: str, *, path: str = "/"):
-        super().__init__(message)
-        self.code = code
-        self.message = message
+        errors = [{"path": path, "code": code, "message": message}] if code == "INVALID_ARGUMENT" else None
+        super().__init__(code, message, 409 if code == "CONFLICT" else 400, errors=errors)
         self.path = path
 
 

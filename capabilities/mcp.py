@@ -41,6 +41,7 @@ from jsonschema.exceptions import SchemaError
 from audit import writer
 from audit.models import Outcome
 from audit.redaction import redact
+from config.errors import ServiceError
 
 from . import mcp_client
 from .base import ActionContext, Capability, Envelope, ErrorCode, Risk, SideEffect, StepFailure
@@ -63,14 +64,12 @@ MAX_DATA_CHARS = 1024 * 1024
 PREVIEW_CHARS = 64 * 1024
 
 
-class McpServiceError(Exception):
-    """A refused MCP operation; ``message`` is safe to show."""
+class McpServiceError(ServiceError):
+    """A refused MCP operation; ``message`` is safe to show. An invalid argument names its ``path``."""
 
     def __init__(self, code: str, message: str, *, http_status: int = 400, path: str = "/"):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.http_status = http_status
+        errors = [{"path": path, "code": code, "message": message}] if code == "INVALID_ARGUMENT" else None
+        super().__init__(code, message, http_status, errors=errors)
         self.path = path
 
 

@@ -1,38 +1,24 @@
 """Every API error is JSON in one of two shapes (SPEC §11):
-``{"error": {"code", "message"}}`` or ``{"errors": [{"path", "code", "message"}]}``."""
+``{"error": {"code", "message"}}`` or ``{"errors": [{"path", "code", "message"}]}``.
+
+This handler is the one place a :class:`~config.errors.ServiceError` becomes a
+response: views call services and let their errors through, untranslated.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 
 from django.core.exceptions import PermissionDenied
-from django.http import Http404
+from django.http import Http404, HttpResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from .errors import ServiceError
+
 logger = logging.getLogger(__name__)
-
-
-class ApiError(exceptions.APIException):
-    """An error with a stable code from the spec, raised by views and services' callers."""
-
-    def __init__(self, code: str, message: str, http_status: int = 400, headers: dict | None = None):
-        self.code = code
-        self.message = message
-        self.status_code = http_status
-        self.headers = headers or {}
-        super().__init__(detail=message, code=code)
-
-
-class ValidationErrors(exceptions.APIException):
-    """A list of ``{path, code, message}`` problems; always HTTP 400."""
-
-    status_code = 400
-
-    def __init__(self, errors: list[dict]):
-        self.errors = errors
-        super().__init__(detail="invalid", code="INVALID_ARGUMENT")
 
 
 _CODES = {
@@ -71,11 +57,23 @@ def _flatten(detail, path: str = "") -> list[dict]:
     return [{"path": path or "/", "code": "INVALID_ARGUMENT", "message": str(detail)}]
 
 
+def service_error_response(exc: ServiceError) -> HttpResponse:
+    if exc.errors:
+        return Response({"errors": exc.errors}, status=exc.http_status, headers=exc.headers)
+    if exc.http_status == 401:
+        # Built from the code and message alone, so that every 401 with the same
+        # message is identical byte for byte, whatever caused it (no oracle).
+        body = json.dumps(error_body(exc.code, exc.message), separators=(", ", ": ")).encode()
+        response = HttpResponse(body, status=401, content_type="application/json")
+        for name, value in exc.headers.items():
+            response[name] = value
+        return response
+    return Response(error_body(exc.code, exc.message), status=exc.http_status, headers=exc.headers)
+
+
 def exception_handler(exc, context):
-    if isinstance(exc, ApiError):
-        return Response(error_body(exc.code, exc.message), status=exc.status_code, headers=exc.headers)
-    if isinstance(exc, ValidationErrors):
-        return Response({"errors": exc.errors}, status=400)
+    if isinstance(exc, ServiceError):
+        return service_error_response(exc)
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):

@@ -20,6 +20,7 @@ from django.utils import timezone
 from audit import writer
 from audit.models import Outcome
 from automations.models import Automation, AutomationStatus
+from config.errors import ServiceError
 
 from . import schedules
 from .models import Trigger, TriggerType
@@ -29,12 +30,8 @@ SIGNING_SECRET_PREFIX = "whsec_"  # noqa: S105 - a prefix, not a secret
 SIGNING_SECRET_BYTES = 32
 
 
-class TriggerActionRefused(Exception):
-    def __init__(self, code: str, message: str, http_status: int = 400):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.http_status = http_status
+class TriggerActionRefused(ServiceError):
+    """An operation on a trigger that is refused (wrong type, revoked, ...)."""
 
 
 def _audit(trigger: Trigger, type: str, summary: str, *, user=None, payload: dict[str, Any] | None = None,

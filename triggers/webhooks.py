@@ -7,7 +7,8 @@ Checks, in order, each answered with a stable code and audited as
    a body field or a cookie). The token is looked up by its sha256 and compared in
    constant time; it must belong to a webhook trigger of *this* automation that is
    enabled, not revoked, with the automation active. Every failure is the same 401,
-   byte for byte (``UNAUTHORIZED_BODY`` + ``WWW-Authenticate: Bearer``).
+   byte for byte (one code and message, rendered by the API error handler, +
+   ``WWW-Authenticate: Bearer``).
 2. The per-trigger rate limit (``rate_limit_per_minute``, default 600): a fixed
    one-minute window counted in the database with one atomic upsert, so it holds
    across gunicorn workers and machines; over it → 429 with ``Retry-After`` (the
@@ -62,6 +63,7 @@ from automations.dispatcher import (
     request_hash,
 )
 from automations.models import Automation, AutomationStatus
+from config.errors import ServiceError
 
 from . import services
 from .input_mapping import MappingError, map_inputs
@@ -77,29 +79,19 @@ DEFAULT_RATE_LIMIT_PER_MINUTE = 600
 SIGNATURE_TOLERANCE_SECONDS = 300
 MAX_SIGNATURE_HEADER_CHARS = 4096
 
-UNAUTHORIZED_BODY = json.dumps(
-    {"error": {"code": "UNAUTHENTICATED", "message": "invalid or missing token"}}, separators=(", ", ": ")
-).encode()
 
+class WebhookRejected(ServiceError):
+    """A fire that is refused with ``http_status`` and ``code``/``message`` (or ``errors``).
 
-class WebhookRejected(Exception):
-    """A fire that is refused: the view answers ``status`` with ``code``/``message`` (or ``errors``)."""
+    ``reason`` is the detail kept in the audit row only; the caller sees ``message``.
+    """
 
     def __init__(
-        self, status: int, code: str, message: str, *, reason: str = "", headers: dict[str, str] | None = None,
-        errors: list[dict] | None = None,
+        self, http_status: int, code: str, message: str, *, reason: str = "",
+        headers: dict[str, str] | None = None, errors: list[dict] | None = None,
     ):  # fmt: skip
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
+        super().__init__(code, message, http_status, errors=errors, headers=headers)
         self.reason = reason or message
-        self.headers = headers or {}
-        self.errors = errors
-
-    @property
-    def unauthenticated(self) -> bool:
-        return self.code == "UNAUTHENTICATED"
 
 
 class BodyInvalid(ValueError):
@@ -352,10 +344,10 @@ def _audit_rejection(request: FireRequest, trigger: Trigger | None, rejection: W
         workspace_id = automations.values_list("workspace_id", flat=True).first()
     writer.append(
         trace_id=uuid.uuid4().hex, type="webhook.rejected", outcome=Outcome.FAILURE, stage="trigger",
-        summary=f"webhook fire rejected ({rejection.status}): {rejection.reason}"[:500],
+        summary=f"webhook fire rejected ({rejection.http_status}): {rejection.reason}"[:500],
         workspace_id=workspace_id, actor=f"webhook:{request.remote_addr or 'unknown'}",
         refs={"automation": request.automation_id[:64], "trigger": str(trigger.pk) if trigger else ""},
-        payload={"status": rejection.status, "code": rejection.code, "reason": rejection.reason,
+        payload={"status": rejection.http_status, "code": rejection.code, "reason": rejection.reason,
                  "remote_addr": request.remote_addr, "errors": rejection.errors or []},
         secrets=[token] if token else [],
     )  # fmt: skip

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework.exceptions import NotFound, PermissionDenied
 
-from config.api_errors import ApiError
+from config.errors import ServiceError
 
 from .access import default_workspace_for, has_permission, workspaces_for
 from .models import Permission, Workspace
@@ -26,7 +26,7 @@ def workspace_for_write(request, slug: str | None, permission: str) -> Workspace
         return workspace
     workspace = default_workspace_for(request.user, permission)
     if workspace is None:
-        raise ApiError(
+        raise ServiceError(
             "INVALID_ARGUMENT", f"name the workspace: you have '{permission}' in none or in several"
         )
     return workspace

@@ -12,7 +12,7 @@ from rest_framework.exceptions import NotFound
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.api_errors import ApiError
+from config.errors import ServiceError
 from workspaces.access import default_workspace_for, has_permission, workspaces_for
 from workspaces.models import Permission
 
@@ -26,10 +26,6 @@ from .serializers import (
     StandingApprovalIn,
     StandingApprovalOut,
 )
-
-
-def _api_error(exc: services.ApprovalError) -> ApiError:
-    return ApiError(exc.code, exc.message, exc.http_status)
 
 
 def _approval_response(approval_id) -> Response:
@@ -63,11 +59,8 @@ class _Decide(APIView):
         approval = get_object_or_404(selectors.approvals_visible_to(request.user), pk=pk)
         body = DecisionIn(data=request.data if isinstance(request.data, dict) else {})
         body.is_valid(raise_exception=True)
-        try:
-            services.approval_decide(approval_id=approval.pk, user=request.user, decision=self.decision,
-                                     reason=body.validated_data["reason"], via="api")  # fmt: skip
-        except services.ApprovalError as exc:
-            raise _api_error(exc)
+        services.approval_decide(approval_id=approval.pk, user=request.user, decision=self.decision,
+                                 reason=body.validated_data["reason"], via="api")  # fmt: skip
         return _approval_response(approval.pk)
 
 
@@ -83,10 +76,7 @@ class ApprovalLink(APIView):
     @extend_schema(request=None, responses=LinkOut, summary="A one-click approve link for the caller")
     def post(self, request, pk):
         approval = get_object_or_404(selectors.approvals_visible_to(request.user), pk=pk)
-        try:
-            path = services.approval_link_create(approval=approval, user=request.user)
-        except services.ApprovalError as exc:
-            raise _api_error(exc)
+        path = services.approval_link_create(approval=approval, user=request.user)
         return Response({"url": request.build_absolute_uri(path)}, status=201)
 
 
@@ -108,16 +98,15 @@ class StandingApprovalList(generics.ListAPIView):
         else:
             workspace = default_workspace_for(request.user, Permission.APPROVE)
             if workspace is None:
-                raise ApiError("INVALID_ARGUMENT", "name the workspace: you approve in none or in several")
+                raise ServiceError(
+                    "INVALID_ARGUMENT", "name the workspace: you approve in none or in several"
+                )
         expires_at = data.get("expires_at") or timezone.now() + timedelta(seconds=data["expires_in_seconds"])
-        try:
-            standing = services.standing_approval_create(
-                workspace=workspace, automation_id=data["automation_id"], capability_id=data["capability_id"],
-                max_uses=data["max_uses"], expires_at=expires_at, user=request.user,
-                arg_constraint=data.get("arg_constraint"), reason=data.get("reason", ""),
-            )  # fmt: skip
-        except services.ApprovalError as exc:
-            raise _api_error(exc)
+        standing = services.standing_approval_create(
+            workspace=workspace, automation_id=data["automation_id"], capability_id=data["capability_id"],
+            max_uses=data["max_uses"], expires_at=expires_at, user=request.user,
+            arg_constraint=data.get("arg_constraint"), reason=data.get("reason", ""),
+        )  # fmt: skip
         return Response(StandingApprovalOut(standing).data, status=201)
 
 
@@ -126,9 +115,8 @@ class StandingApprovalRevoke(APIView):
     def post(self, request, pk):
         standing = get_object_or_404(selectors.standing_approvals_visible_to(request.user), pk=pk)
         if not has_permission(request.user, standing.workspace_id, Permission.APPROVE):
-            raise ApiError("PERMISSION_DENIED", "your role in this workspace does not allow approving", 403)
-        try:
-            standing = services.standing_approval_revoke(standing_id=standing.pk, user=request.user)
-        except services.ApprovalError as exc:
-            raise _api_error(exc)
+            raise ServiceError(
+                "PERMISSION_DENIED", "your role in this workspace does not allow approving", 403
+            )
+        standing = services.standing_approval_revoke(standing_id=standing.pk, user=request.user)
         return Response(StandingApprovalOut(standing).data)

@@ -9,13 +9,13 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.api_errors import ApiError, ValidationErrors
+from config.errors import InvalidArgument, ServiceError
 from workspaces.api import require, workspace_for_write
 from workspaces.models import Permission
 
 from .. import definition as defs
 from .. import events, selectors, services
-from ..dispatcher import DispatchError, DispatchResult
+from ..dispatcher import DispatchResult
 from ..models import Run
 from .serializers import (
     AutomationOut,
@@ -33,7 +33,7 @@ MAX_BODY_BYTES = 1024 * 1024
 
 def _check_body_size(request) -> None:
     if len(request.body) > MAX_BODY_BYTES:
-        raise ApiError("PAYLOAD_TOO_LARGE", "request body is too large", 413)
+        raise ServiceError("PAYLOAD_TOO_LARGE", "request body is too large", 413)
 
 
 def _dispatch_response(result: DispatchResult) -> Response:
@@ -42,16 +42,6 @@ def _dispatch_response(result: DispatchResult) -> Response:
     run = result.run
     body = {"run_id": str(run.pk), "status_url": f"/api/v1/runs/{run.pk}", "status": run.status}
     return Response(body, status=200 if result.deduplicated else 202)
-
-
-def dispatch_error_response(exc: DispatchError) -> Response:
-    if exc.errors:
-        raise ValidationErrors(exc.errors)
-    raise ApiError(exc.code, exc.message, exc.http_status)
-
-
-def _definition_errors(exc: services.DefinitionInvalid):
-    raise ValidationErrors(exc.errors)
 
 
 class AutomationList(generics.ListAPIView):
@@ -65,19 +55,16 @@ class AutomationList(generics.ListAPIView):
         _check_body_size(request)
         body = request.data
         if not isinstance(body, dict):
-            raise ApiError("INVALID_ARGUMENT", "the body must be a JSON object")
+            raise ServiceError("INVALID_ARGUMENT", "the body must be a JSON object")
         wrapped = "definition" in body
         definition = body.get("definition") if wrapped else body
         workspace = workspace_for_write(
             request, body.get("workspace") if wrapped else None, Permission.OPERATE
         )
-        try:
-            automation = services.automation_create(
-                workspace=workspace, definition=definition, user=request.user,
-                status=body.get("status") if wrapped else None,
-            )  # fmt: skip
-        except services.DefinitionInvalid as exc:
-            _definition_errors(exc)
+        automation = services.automation_create(
+            workspace=workspace, definition=definition, user=request.user,
+            status=body.get("status") if wrapped else None,
+        )  # fmt: skip
         return Response(AutomationOut(automation).data, status=status.HTTP_201_CREATED)
 
 
@@ -94,16 +81,13 @@ class AutomationDetail(generics.RetrieveAPIView):
         data = AutomationWrite(data=request.data)
         data.is_valid(raise_exception=True)
         if not partial and "definition" not in data.validated_data:
-            raise ValidationErrors(
+            raise InvalidArgument(
                 [{"path": "/definition", "code": "required", "message": "definition is required"}]
             )
-        try:
-            automation = services.automation_update(
-                automation=automation, user=request.user,
-                definition=data.validated_data.get("definition"), status=data.validated_data.get("status"),
-            )  # fmt: skip
-        except services.DefinitionInvalid as exc:
-            _definition_errors(exc)
+        automation = services.automation_update(
+            automation=automation, user=request.user,
+            definition=data.validated_data.get("definition"), status=data.validated_data.get("status"),
+        )  # fmt: skip
         return Response(AutomationOut(automation).data)
 
     @extend_schema(request=AutomationWrite, responses=AutomationOut)
@@ -117,10 +101,7 @@ class AutomationDetail(generics.RetrieveAPIView):
     def delete(self, request, pk):
         automation = self.get_object()
         require(request.user, automation.workspace_id, Permission.OPERATE)
-        try:
-            services.automation_delete(automation=automation, user=request.user)
-        except services.RunActionRefused as exc:
-            raise ApiError(exc.code, exc.message, exc.http_status)
+        services.automation_delete(automation=automation, user=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -141,13 +122,10 @@ class AutomationRun(APIView):
         automation = get_object_or_404(selectors.automations_visible_to(request.user), pk=pk)
         require(request.user, automation.workspace_id, Permission.OPERATE)
         inputs = request.data if request.body else {}
-        try:
-            result = services.run_create(
-                automation=automation, inputs=inputs, user=request.user,
-                idempotency_key=request.headers.get("Idempotency-Key"),
-            )  # fmt: skip
-        except DispatchError as exc:
-            return dispatch_error_response(exc)
+        result = services.run_create(
+            automation=automation, inputs=inputs, user=request.user,
+            idempotency_key=request.headers.get("Idempotency-Key"),
+        )  # fmt: skip
         return _dispatch_response(result)
 
 
@@ -161,7 +139,7 @@ class RunList(generics.ListAPIView):
             try:
                 runs = runs.filter(automation_id=params["automation"])
             except Exception:
-                raise ApiError("INVALID_ARGUMENT", "automation must be an id")
+                raise ServiceError("INVALID_ARGUMENT", "automation must be an id")
         if params.get("status"):
             runs = runs.filter(status=params["status"])
         return runs
@@ -184,10 +162,7 @@ class _RunAction(APIView):
 class RunCancel(_RunAction):
     @extend_schema(request=None, responses=RunOut)
     def post(self, request, pk):
-        try:
-            run = services.run_cancel(run=self.run(request, pk), user=request.user)
-        except services.RunActionRefused as exc:
-            raise ApiError(exc.code, exc.message, exc.http_status)
+        run = services.run_cancel(run=self.run(request, pk), user=request.user)
         return Response(RunOut(run).data)
 
 
@@ -196,11 +171,8 @@ class RunRerun(_RunAction):
     def post(self, request, pk):
         data = RerunIn(data=request.data or {})
         data.is_valid(raise_exception=True)
-        try:
-            new = services.run_rerun(run=self.run(request, pk), user=request.user,
-                                     from_step=data.validated_data.get("from_step"))  # fmt: skip
-        except services.RunActionRefused as exc:
-            raise ApiError(exc.code, exc.message, exc.http_status)
+        new = services.run_rerun(run=self.run(request, pk), user=request.user,
+                                 from_step=data.validated_data.get("from_step"))  # fmt: skip
         return Response({"run_id": str(new.pk), "status_url": f"/api/v1/runs/{new.pk}"}, status=202)
 
 
@@ -209,10 +181,7 @@ class RunResolve(_RunAction):
     def post(self, request, pk):
         data = ResolveIn(data=request.data)
         data.is_valid(raise_exception=True)
-        try:
-            run = services.run_resolve(run=self.run(request, pk), user=request.user, **data.validated_data)
-        except services.RunActionRefused as exc:
-            raise ApiError(exc.code, exc.message, exc.http_status)
+        run = services.run_resolve(run=self.run(request, pk), user=request.user, **data.validated_data)
         return Response(RunOut(run).data)
 
 

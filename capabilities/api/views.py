@@ -5,14 +5,13 @@ from rest_framework import generics, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.api_errors import ApiError, ValidationErrors
+from config.errors import InvalidArgument
 from workspaces.access import workspaces_for
 from workspaces.api import require, workspace_for_write
 from workspaces.models import Permission
 
 from .. import credentials, mcp, registry
 from ..base import Capability
-from ..credentials import CredentialError
 from ..models import Credential, McpServer, McpTool
 from .serializers import (
     CredentialIn,
@@ -76,13 +75,6 @@ def _filter_workspace(queryset, request, field: str = "workspace"):
     return queryset.filter(**{f"{field}__slug": slug}) if slug else queryset
 
 
-def _service_error(exc: CredentialError | mcp.McpServiceError):
-    if exc.code == "INVALID_ARGUMENT":
-        raise ValidationErrors([{"path": exc.path, "code": exc.code, "message": exc.message}])
-    status_code = getattr(exc, "http_status", 409 if exc.code == "CONFLICT" else 400)
-    raise ApiError(exc.code, exc.message, status_code)
-
-
 class CredentialList(generics.ListAPIView):
     serializer_class = CredentialOut
 
@@ -95,13 +87,10 @@ class CredentialList(generics.ListAPIView):
         data = CredentialIn(data=request.data)
         data.is_valid(raise_exception=True)
         workspace = workspace_for_write(request, data.validated_data.get("workspace"), Permission.ADMINISTER)
-        try:
-            credential = credentials.credential_create(
-                workspace=workspace, name=data.validated_data["name"], kind=data.validated_data["kind"],
-                secret=data.validated_data["secret"], metadata=data.validated_data.get("metadata"), user=request.user,
-            )  # fmt: skip
-        except CredentialError as exc:
-            _service_error(exc)
+        credential = credentials.credential_create(
+            workspace=workspace, name=data.validated_data["name"], kind=data.validated_data["kind"],
+            secret=data.validated_data["secret"], metadata=data.validated_data.get("metadata"), user=request.user,
+        )  # fmt: skip
         return Response(CredentialOut(credential).data, status=status.HTTP_201_CREATED)
 
 
@@ -115,10 +104,7 @@ class CredentialDetail(generics.RetrieveAPIView):
     def delete(self, request, pk):
         credential = self.get_object()
         require(request.user, credential.workspace_id, Permission.ADMINISTER)
-        try:
-            credentials.credential_delete(credential=credential, user=request.user)
-        except CredentialError as exc:
-            _service_error(exc)
+        credentials.credential_delete(credential=credential, user=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -136,13 +122,10 @@ class CredentialSecret(generics.GenericAPIView):
         require(request.user, credential.workspace_id, Permission.ADMINISTER)
         data = CredentialSecretIn(data=request.data)
         data.is_valid(raise_exception=True)
-        try:
-            credential = credentials.credential_update_secret(
-                credential=credential, secret=data.validated_data.get("secret"),
-                metadata=data.validated_data.get("metadata"), user=request.user,
-            )  # fmt: skip
-        except CredentialError as exc:
-            _service_error(exc)
+        credential = credentials.credential_update_secret(
+            credential=credential, secret=data.validated_data.get("secret"),
+            metadata=data.validated_data.get("metadata"), user=request.user,
+        )  # fmt: skip
         return Response(CredentialOut(credential).data)
 
 
@@ -151,7 +134,7 @@ def _credential_by_name(workspace_id: int, name: str | None) -> Credential | Non
         return None
     credential = Credential.objects.filter(workspace_id=workspace_id, name=name).first()
     if credential is None:
-        raise ValidationErrors([{"path": "/credential", "code": "unknown_credential",
+        raise InvalidArgument([{"path": "/credential", "code": "unknown_credential",
                                  "message": f"no credential named '{name}' in this workspace"}])  # fmt: skip
     return credential
 
@@ -170,12 +153,9 @@ class McpServerList(generics.ListAPIView):
         values = dict(data.validated_data)
         workspace = workspace_for_write(request, values.pop("workspace", None), Permission.ADMINISTER)
         credential = _credential_by_name(workspace.id, values.pop("credential", None))
-        try:
-            server = mcp.mcp_server_create(
-                workspace=workspace, credential=credential, user=request.user, **values
-            )
-        except mcp.McpServiceError as exc:
-            _service_error(exc)
+        server = mcp.mcp_server_create(
+            workspace=workspace, credential=credential, user=request.user, **values
+        )
         return Response(McpServerOut(server).data, status=status.HTTP_201_CREATED)
 
 
@@ -194,10 +174,7 @@ class McpServerDetail(generics.RetrieveAPIView):
         changes = dict(data.validated_data)
         if "credential" in changes:
             changes["credential"] = _credential_by_name(server.workspace_id, changes["credential"])
-        try:
-            server = mcp.mcp_server_update(server=server, user=request.user, **changes)
-        except mcp.McpServiceError as exc:
-            _service_error(exc)
+        server = mcp.mcp_server_update(server=server, user=request.user, **changes)
         return Response(McpServerOut(server).data)
 
 
@@ -209,10 +186,7 @@ class McpServerHarvest(generics.GenericAPIView):
     def post(self, request, pk):
         server = self.get_object()
         require(request.user, server.workspace_id, Permission.ADMINISTER)
-        try:
-            result = mcp.mcp_harvest(server, user=request.user)
-        except mcp.McpServiceError as exc:
-            raise ApiError(exc.code, exc.message, exc.http_status)
+        result = mcp.mcp_harvest(server, user=request.user)
         return Response(result.counts())
 
 
@@ -245,12 +219,7 @@ class McpToolDetail(generics.RetrieveAPIView):
         require(request.user, tool.server.workspace_id, Permission.ADMINISTER)
         data = McpToolPatch(data=request.data)
         data.is_valid(raise_exception=True)
-        try:
-            tool = mcp.mcp_tool_set_risk(
-                tool=tool, risk=data.validated_data["risk_override"], user=request.user
-            )
-        except mcp.McpServiceError as exc:
-            _service_error(exc)
+        tool = mcp.mcp_tool_set_risk(tool=tool, risk=data.validated_data["risk_override"], user=request.user)
         return Response(McpToolOut(tool).data)
 
 
@@ -262,8 +231,5 @@ class McpToolApprove(generics.GenericAPIView):
     def post(self, request, pk):
         tool = self.get_object()
         require(request.user, tool.server.workspace_id, Permission.ADMINISTER)
-        try:
-            tool = mcp.mcp_tool_approve(tool=tool, user=request.user)
-        except mcp.McpServiceError as exc:
-            _service_error(exc)
+        tool = mcp.mcp_tool_approve(tool=tool, user=request.user)
         return Response(McpToolOut(tool).data)

@@ -169,7 +169,7 @@ def test_a_body_longer_than_its_content_length_claims_is_still_cut_at_256_kb(db,
     with pytest.raises(webhooks.WebhookRejected) as rejected:
         webhooks.webhook_fire(request)
 
-    assert rejected.value.status == 413
+    assert rejected.value.http_status == 413
     assert Run.objects.count() == 0
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import generics
@@ -13,7 +12,6 @@ from rest_framework.views import APIView
 
 from automations.dispatcher import DispatchResult
 from automations.selectors import automations_visible_to
-from config.api_errors import ApiError, error_body
 from workspaces.api import require
 from workspaces.models import Permission
 
@@ -39,39 +37,24 @@ class _TriggerAction(APIView):
         return trigger
 
 
-def _refused(exc: services.TriggerActionRefused):
-    raise ApiError(exc.code, exc.message, exc.http_status)
-
-
 class TriggerRotateToken(_TriggerAction):
     @extend_schema(request=None, responses=TokenOut, summary="A new webhook token, shown once")
     def post(self, request, pk):
-        try:
-            token = services.trigger_token_rotate(trigger=self.trigger(request, pk), user=request.user)
-        except services.TriggerActionRefused as exc:
-            _refused(exc)
+        token = services.trigger_token_rotate(trigger=self.trigger(request, pk), user=request.user)
         return Response({"trigger_id": str(pk), "token": token}, headers=_NO_STORE)
 
 
 class TriggerRevokeToken(_TriggerAction):
     @extend_schema(request=None, responses=TriggerOut, summary="Revoke the webhook token")
     def post(self, request, pk):
-        try:
-            trigger = services.trigger_token_revoke(trigger=self.trigger(request, pk), user=request.user)
-        except services.TriggerActionRefused as exc:
-            _refused(exc)
+        trigger = services.trigger_token_revoke(trigger=self.trigger(request, pk), user=request.user)
         return Response(TriggerOut(trigger).data)
 
 
 class TriggerRotateSigningSecret(_TriggerAction):
     @extend_schema(request=None, responses=SigningSecretOut, summary="A new signing secret, shown once")
     def post(self, request, pk):
-        try:
-            secret = services.trigger_signing_secret_rotate(
-                trigger=self.trigger(request, pk), user=request.user
-            )
-        except services.TriggerActionRefused as exc:
-            _refused(exc)
+        secret = services.trigger_signing_secret_rotate(trigger=self.trigger(request, pk), user=request.user)
         return Response({"trigger_id": str(pk), "signing_secret": secret}, headers=_NO_STORE)
 
 
@@ -91,13 +74,6 @@ def _dispatch_response(result: DispatchResult) -> Response:
     run = result.run
     body = {"run_id": str(run.pk), "status_url": f"/api/v1/runs/{run.pk}", "status": run.status}
     return Response(body, status=200 if result.deduplicated else 202)
-
-
-def _unauthenticated() -> HttpResponse:
-    # Built from constant bytes so that every 401 is identical, whatever its cause.
-    response = HttpResponse(webhooks.UNAUTHORIZED_BODY, status=401, content_type="application/json")
-    response["WWW-Authenticate"] = "Bearer"
-    return response
 
 
 class AutomationFire(APIView):
@@ -128,11 +104,5 @@ class AutomationFire(APIView):
             automation_id=automation_id, headers=request.headers, content_length=request.META.get("CONTENT_LENGTH"),
             read_body=request._request.read, remote_addr=request.META.get("REMOTE_ADDR", ""),
         )  # fmt: skip
-        try:
-            result = webhooks.webhook_fire(fire)
-        except webhooks.WebhookRejected as exc:
-            if exc.unauthenticated:
-                return _unauthenticated()
-            body = {"errors": exc.errors} if exc.errors else error_body(exc.code, exc.message)
-            return Response(body, status=exc.status, headers=exc.headers)
+        result = webhooks.webhook_fire(fire)
         return _dispatch_response(result)
