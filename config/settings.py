@@ -193,6 +193,10 @@ if AUTOPLANE_SANDBOX_BACKEND not in ("bubblewrap", "subprocess"):
 AUTOPLANE_RUN_LEASE_SECONDS = env.int("AUTOPLANE_RUN_LEASE_SECONDS", default=60)
 AUTOPLANE_SWEEP_SECONDS = env.int("AUTOPLANE_SWEEP_SECONDS", default=15)
 
+# Set by `manage.py up` for its children: the supervisor's state file, read by
+# /healthz and /metrics (restarts, crash-looping children). Empty: not under `up`.
+AUTOPLANE_SUPERVISOR_STATE_FILE = env.str("AUTOPLANE_SUPERVISOR_STATE_FILE", default="")
+
 LLM_BASE_URL = env.str("LLM_BASE_URL", default="")
 LLM_MODEL = env.str("LLM_MODEL", default="")
 LLM_API_KEY = env.str("LLM_API_KEY", default="")

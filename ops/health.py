@@ -9,7 +9,11 @@ check (``database``, ``broker``, ``beat``, ``queues.<name>``). Checks:
 - beat: exactly one beat process heartbeating (two would fire every schedule
   twice); ``last_tick_age_seconds`` tells when a worker last executed the
   beat-scheduled ``autoplane.beat_heartbeat``, i.e. beat -> broker -> worker;
-- queues: at least one live worker consuming each of the four queues.
+- queues: at least one live worker consuming each of the four queues;
+- processes (only under ``manage.py up``): each supervised child is running and
+  not crash-looping, from the supervisor's state file
+  (``AUTOPLANE_SUPERVISOR_STATE_FILE``, set by ``up``); a failing child is named
+  ``processes.<child>``, e.g. ``processes.worker-fast``.
 
 Workers and beat are known by their heartbeat rows (see ``ops/heartbeats.py``),
 because the embedded broker cannot broadcast ``inspect()`` requests.
@@ -22,6 +26,7 @@ import logging
 import time
 from typing import Any
 
+from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
@@ -31,6 +36,7 @@ from config.celery import QUEUES
 from config.celery import app as celery_app
 from ops.models import HeartbeatKind
 from ops.selectors import STALE_AFTER, heartbeats_fresh, last_seen, workers_by_queue
+from ops.supervisor import child_health, read_state
 
 logger = logging.getLogger(__name__)
 
@@ -113,10 +119,23 @@ def check_processes() -> dict[str, Any]:
     return {"beat": beat, "queues": queues}
 
 
+def check_supervised() -> dict[str, Any] | None:
+    """Each child of ``manage.py up``: running, restarts, crash-looping; None when not under ``up``."""
+    state = read_state(settings.AUTOPLANE_SUPERVISOR_STATE_FILE)
+    if state is None:
+        return None
+    now = time.time()
+    return {name: child_health(child, now) for name, child in sorted(state.get("children", {}).items())}
+
+
 def health_report() -> dict[str, Any]:
     checks: dict[str, Any] = {"database": check_database(), "broker": check_broker(), **check_processes()}
+    supervised = check_supervised()
+    if supervised is not None:
+        checks["processes"] = supervised
     failing = [name for name in ("database", "broker", "beat") if not checks[name]["ok"]]
     failing += [f"queues.{queue}" for queue, check in checks["queues"].items() if not check["ok"]]
+    failing += [f"processes.{name}" for name, check in (supervised or {}).items() if not check["ok"]]
     return {"status": "degraded" if failing else "ok", "failing": failing, "checks": checks}
 
 

@@ -20,17 +20,19 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
 
 from django.apps import apps
+from django.conf import settings
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from config.celery import QUEUES
 from ops.health import broker_backlog
 
 from .models import HeartbeatKind
 from .selectors import heartbeats_fresh, last_seen, workers_by_queue
+from .supervisor import read_state
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +89,26 @@ def processes() -> Iterator[Metric]:
             "autoplane_beat_tick_age_seconds", "Seconds since a worker last executed the beat-scheduled heartbeat.",
             value=(timezone.now() - tick.seen_at).total_seconds(),
         )  # fmt: skip
+
+
+def supervised() -> Iterator[Metric]:
+    """Restarts of ``manage.py up``'s children (nothing when not under ``up``)."""
+    state = read_state(settings.AUTOPLANE_SUPERVISOR_STATE_FILE)
+    if state is None:
+        return
+    restarts = CounterMetricFamily(
+        "autoplane_process_restarts",
+        "Restarts of each child of manage.py up since it started.",
+        labels=["process"],
+    )
+    up = GaugeMetricFamily(
+        "autoplane_process_up", "1 when the child of manage.py up is running.", labels=["process"]
+    )
+    for name, child in sorted(state.get("children", {}).items()):
+        restarts.add_metric([name], child.get("restarts", 0))
+        up.add_metric([name], 1 if child.get("state") == "running" else 0)
+    yield restarts
+    yield up
 
 
 def broker() -> Iterator[Metric]:
@@ -156,6 +178,7 @@ def audit() -> Iterator[Metric]:
 
 SECTIONS: dict[str, Callable[[], Iterable[Metric]]] = {
     "processes": processes,
+    "supervised": supervised,
     "broker": broker,
     "runs": runs,
     "steps": steps,

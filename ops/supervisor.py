@@ -7,10 +7,19 @@ killed with its group. Children's output is forwarded line by line, prefixed
 with the child's name.
 
 Policy when a child dies on its own: its process group is killed (no orphaned
-pool processes) and it is restarted after a backoff (1 s, doubling, at most
-30 s). A child that dies ``CRASH_LIMIT`` times within ``CRASH_WINDOW`` seconds is
-crash-looping: the supervisor stops everything and exits 1, so a broken
-configuration fails loudly instead of flapping forever.
+pool processes), the supervisor waits for that group to be gone (so a restarted
+web server finds its port free), and the child is restarted after a backoff
+(1 s, doubling, at most 30 s; back to 1 s once it has run for ``HEALTHY_AFTER``
+seconds). It is restarted forever: a crash-looping worker never stops web, beat
+or the other queues. Each exit is one log line, and the supervisor keeps a state
+file (``state_file``, JSON) that ``/healthz`` and ``/metrics`` read: a child that
+is down, or exited ``FLAP_EXITS`` times within ``FLAP_WINDOW`` seconds, makes the
+platform ``degraded`` under its own name, and every restart is counted.
+
+The one exception is a child that cannot start at all: if a child's *first*
+process exits on its own (not killed by a signal) within ``STARTUP_GRACE``
+seconds, the configuration is broken; the supervisor stops everything and exits
+1, so ``up`` fails loudly at start instead of flapping forever.
 
 On SIGINT or SIGTERM: SIGTERM to every child (warm shutdown: workers finish or
 hand back their current task, gunicorn drains), up to ``stop_timeout`` seconds
@@ -24,6 +33,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import json
 import os
 import signal
 import subprocess
@@ -35,10 +45,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TextIO
 
-CRASH_LIMIT = 5
-CRASH_WINDOW = 120.0
 BACKOFF_START = 1.0
 BACKOFF_MAX = 30.0
+HEALTHY_AFTER = 60.0  # a child that ran this long starts its backoff over
+STARTUP_GRACE = 10.0  # a first process exiting on its own this soon means the child cannot start
+FLAP_WINDOW = 120.0  # a child with FLAP_EXITS exits in this window is reported as crash-looping
+FLAP_EXITS = 3
+GROUP_GONE_TIMEOUT = 10.0  # the longest a restart waits for the old process group to be gone
 POLL_SECONDS = 0.2
 
 
@@ -57,7 +70,12 @@ class _Child:
     restart_at: float | None = None
     backoff: float = BACKOFF_START
     started_at: float = 0.0
-    crashes: deque[float] = field(default_factory=deque)
+    starts: int = 0
+    restarts: int = 0
+    exits: deque[float] = field(default_factory=deque)  # wall-clock times of recent exits
+    last_exit: int | None = None
+    old_group: int | None = None  # the previous process group, until it is gone
+    group_gone_by: float = 0.0
     reader: threading.Thread | None = None
 
 
@@ -80,6 +98,63 @@ def kill_group(pid: int, sig: int) -> None:
         pass
 
 
+def group_alive(pgid: int) -> bool:
+    """Is any process of group ``pgid`` left? Reaps those that were orphaned to us (``up`` as PID 1)."""
+    try:
+        while os.waitpid(-pgid, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"
+
+
+def read_state(path: str | os.PathLike | None) -> dict | None:
+    """The state file a supervisor writes, or None when there is none (not under ``up``)."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def child_health(child: dict, now: float | None = None) -> dict:
+    """One child's entry for /healthz: ``ok`` unless it is down or crash-looping."""
+    now = time.time() if now is None else now
+    recent = sum(1 for at in child.get("exits", ()) if now - at <= FLAP_WINDOW)
+    report = {
+        "ok": child.get("state") == "running" and recent < FLAP_EXITS,
+        "state": child.get("state"),
+        "restarts": child.get("restarts", 0),
+        "exits_last_window": recent,
+    }
+    if child.get("last_exit") is not None:
+        report["last_exit"] = child["last_exit"]
+    if not report["ok"]:
+        report["error"] = (
+            f"down, restarting in {max(0.0, child.get('restart_at', now) - now):.0f} s"
+            if child.get("state") != "running"
+            else f"crash-looping: exited {recent} times in {FLAP_WINDOW:.0f} s"
+        )
+    return report
+
+
 class Supervisor:
     def __init__(
         self,
@@ -87,15 +162,15 @@ class Supervisor:
         *,
         stop_timeout: float = 10.0,
         out: TextIO | None = None,
-        crash_limit: int = CRASH_LIMIT,
-        crash_window: float = CRASH_WINDOW,
         backoff_start: float = BACKOFF_START,
+        startup_grace: float = STARTUP_GRACE,
+        state_file: str | os.PathLike | None = None,
     ):
         self.children = [_Child(spec, backoff=backoff_start) for spec in specs]
         self.stop_timeout = stop_timeout
-        self.crash_limit = crash_limit
-        self.crash_window = crash_window
         self.backoff_start = backoff_start
+        self.startup_grace = startup_grace
+        self.state_file = state_file
         self.out = out or sys.stdout
         self._out_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -127,12 +202,40 @@ class Supervisor:
             preexec_fn=_set_parent_death_signal if _libc is not None else None,
         )
         child.restart_at = None
+        child.old_group = None
         child.started_at = time.monotonic()
+        child.starts += 1
         child.reader = threading.Thread(
             target=self._forward, args=(spec.name, child.proc.stdout), name=f"out:{spec.name}", daemon=True
         )
         child.reader.start()
-        self.say("up", f"started {spec.name} (pid {child.proc.pid})")
+        if child.starts == 1:  # a restart was announced by its exit line
+            self.say("up", f"started {spec.name} (pid {child.proc.pid})")
+        self._write_state()
+
+    def _write_state(self) -> None:
+        """The children's state for /healthz and /metrics, replaced atomically."""
+        if not self.state_file:
+            return
+        now_wall, now = time.time(), time.monotonic()
+        children = {}
+        for child in self.children:
+            running = child.proc is not None and child.restart_at is None and child.old_group is None
+            children[child.spec.name] = {
+                "state": "running" if running else "restarting",
+                "pid": child.proc.pid if running else None,
+                "restarts": child.restarts,
+                "exits": list(child.exits),
+                "last_exit": None if child.last_exit is None else describe_exit(child.last_exit),
+                "restart_at": None if child.restart_at is None else now_wall + child.restart_at - now,
+            }
+        tmp = f"{self.state_file}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as handle:
+                json.dump({"pid": os.getpid(), "updated_at": now_wall, "children": children}, handle)
+            os.replace(tmp, self.state_file)
+        except OSError as exc:
+            self.say("up", f"cannot write the state file {self.state_file}: {exc}")
 
     def pids(self) -> dict[str, int]:
         return {
@@ -140,7 +243,7 @@ class Supervisor:
         }
 
     def _check(self) -> int | None:
-        """Reap and restart children; returns an exit code when the supervisor must give up."""
+        """Reap and restart children; returns an exit code when a child cannot start at all."""
         now = time.monotonic()
         for child in self.children:
             if child.proc is not None and child.restart_at is None:
@@ -148,19 +251,34 @@ class Supervisor:
                 if code is None:
                     continue
                 kill_group(child.proc.pid, signal.SIGKILL)  # whatever it forked dies with it
-                if now - child.started_at > self.crash_window:
-                    child.backoff = self.backoff_start  # it had been running fine: start the backoff over
-                child.crashes.append(now)
-                while child.crashes and now - child.crashes[0] > self.crash_window:
-                    child.crashes.popleft()
-                if len(child.crashes) >= self.crash_limit:
-                    self.say("up", f"{child.spec.name} exited {len(child.crashes)} times in "
-                                   f"{self.crash_window:.0f} s; giving up")  # fmt: skip
+                ran = now - child.started_at
+                if child.starts == 1 and code >= 0 and ran < self.startup_grace:
+                    self.say("up", f"{child.spec.name} could not start (exited with {describe_exit(code)} "
+                                   f"after {ran:.1f} s); stopping")  # fmt: skip
                     return 1
-                self.say("up", f"{child.spec.name} exited with {code}; restarting in {child.backoff:g} s")
+                if ran > HEALTHY_AFTER:
+                    child.backoff = self.backoff_start  # it had been running fine: start the backoff over
+                wall = time.time()
+                child.exits.append(wall)
+                while child.exits and wall - child.exits[0] > FLAP_WINDOW:
+                    child.exits.popleft()
+                child.restarts += 1
+                child.last_exit = code
+                child.old_group, child.group_gone_by = (
+                    child.proc.pid,
+                    now + child.backoff + GROUP_GONE_TIMEOUT,
+                )
                 child.restart_at = now + child.backoff
+                self.say("up", f"{child.spec.name} exited with {describe_exit(code)}; restart {child.restarts} "
+                               f"in {child.backoff:g} s ({len(child.exits)} exits in {FLAP_WINDOW:.0f} s)")  # fmt: skip
                 child.backoff = min(child.backoff * 2, BACKOFF_MAX)
+                self._write_state()
             elif child.restart_at is not None and now >= child.restart_at:
+                if child.old_group is not None and group_alive(child.old_group):
+                    if now < child.group_gone_by:
+                        continue  # e.g. the old gunicorn workers still hold the port
+                    self.say("up", f"{child.spec.name}: its old process group {child.old_group} is still "
+                                   f"there after {GROUP_GONE_TIMEOUT:.0f} s; starting anyway")  # fmt: skip
                 self._start(child)
         return None
 
@@ -193,6 +311,11 @@ class Supervisor:
         for child in self.children:
             if child.reader is not None:
                 child.reader.join(timeout=1)
+        if self.state_file:
+            try:
+                os.unlink(self.state_file)
+            except OSError:
+                pass
 
     def _on_signal(self, signum, frame) -> None:
         self._signals += 1

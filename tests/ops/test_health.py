@@ -1,5 +1,10 @@
 from __future__ import annotations
 
+import io
+import re
+import sys
+import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -8,6 +13,7 @@ from django.utils import timezone
 from config.celery import QUEUES
 from ops.metrics import _histogram
 from ops.models import Heartbeat, HeartbeatKind
+from ops.supervisor import ChildSpec, Supervisor
 from ops.tasks import TICK_NAME, beat_heartbeat
 
 
@@ -129,3 +135,37 @@ def test_duration_histograms_are_computed_by_the_database(no_heartbeats):
     assert samples[("h_bucket", "+Inf")] == 3
     assert samples[("h_count", None)] == 3
     assert samples[("h_sum", None)] == pytest.approx(7.304, abs=0.01)
+
+
+def test_a_crash_looping_child_of_up_is_named_by_healthz_and_its_restarts_counted(
+    client, no_heartbeats, settings, tmp_path
+):
+    _beat("w1@host", HeartbeatKind.WORKER, queues=QUEUES)
+    _beat("beat@host", HeartbeatKind.BEAT)
+    settings.AUTOPLANE_SUPERVISOR_STATE_FILE = str(tmp_path / "up.state.json")
+    sleeper = ChildSpec("web", [sys.executable, "-c", "import time; time.sleep(60)"])
+    crasher = ChildSpec("worker-fast", [sys.executable, "-c", "raise SystemExit(3)"])
+    supervisor = Supervisor([sleeper, crasher], out=io.StringIO(), stop_timeout=1.0, backoff_start=0.05,
+                            startup_grace=0.0, state_file=settings.AUTOPLANE_SUPERVISOR_STATE_FILE)  # fmt: skip
+    thread = threading.Thread(target=supervisor.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while supervisor.children[1].restarts < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+        response = client.get("/healthz")
+        metrics = client.get("/metrics").content.decode()
+    finally:
+        supervisor.stop()
+        thread.join(15)
+
+    body = response.json()
+    assert response.status_code == 503
+    assert body["failing"] == ["processes.worker-fast"]
+    assert body["checks"]["processes"]["web"]["ok"] is True
+    assert body["checks"]["processes"]["worker-fast"]["restarts"] >= 4
+    assert 'autoplane_process_restarts_total{process="web"} 0.0' in metrics
+    restarts = re.search(r'autoplane_process_restarts_total\{process="worker-fast"\} (\d+)', metrics)
+    assert restarts
+    assert int(restarts.group(1)) >= 4

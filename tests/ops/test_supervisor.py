@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 import io
+import socket
 import sys
 import threading
 import time
 
-from ops.supervisor import ChildSpec, Supervisor
+from ops.supervisor import BACKOFF_MAX, ChildSpec, Supervisor, child_health, read_state
 from tests.live import descendants_of, is_alive
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -54,14 +55,94 @@ def test_a_child_that_exits_is_restarted_and_stop_leaves_nothing_running():
     assert "stubborn did not stop in time" in out.getvalue()
 
 
-def test_a_crash_looping_child_stops_everything_with_exit_1():
+def test_a_crash_looping_child_is_restarted_forever_and_reported_while_the_others_keep_running(tmp_path):
     out = io.StringIO()
-    crasher = ChildSpec("crasher", [sys.executable, "-c", "raise SystemExit(3)"])
+    state_file = tmp_path / "state.json"
+    crasher = ChildSpec(
+        "crasher", [sys.executable, "-c", "import time; time.sleep(0.3); raise SystemExit(3)"]
+    )
     supervisor = Supervisor([ChildSpec("sleeper", SLEEPER), crasher], out=out, stop_timeout=1.0,
-                            backoff_start=0.05, crash_limit=3)  # fmt: skip
+                            backoff_start=0.05, startup_grace=0.0, state_file=state_file)  # fmt: skip
+    thread, result = _run_in_thread(supervisor)
+    assert _wait(lambda: "sleeper" in supervisor.pids())
+    sleeper = supervisor.pids()["sleeper"]
+
+    assert _wait(lambda: (read_state(state_file) or {}).get("children", {}).get("crasher", {}).get("restarts", 0) >= 6,
+                 timeout=30)  # fmt: skip
+    assert thread.is_alive(), "the supervisor gave up"
+    assert supervisor.pids()["sleeper"] == sleeper, "a crash-looping sibling stopped or restarted the others"
+    state = read_state(state_file)["children"]
+    assert child_health(state["sleeper"])["ok"]
+    crashing = child_health(state["crasher"])
+    assert not crashing["ok"]
+    assert crashing["restarts"] >= 6
+    restart_lines = [
+        line for line in out.getvalue().splitlines() if "crasher exited with code 3; restart" in line
+    ]
+    assert len(restart_lines) >= 6  # one line per restart
+
+    supervisor.stop()
+    thread.join(15)
+    assert result["code"] == 0
+    assert not state_file.exists()
+
+
+def test_the_backoff_is_capped_at_30_seconds():
+    supervisor = Supervisor([ChildSpec("crasher", [sys.executable, "-c", "raise SystemExit(3)"])], out=io.StringIO(),
+                            startup_grace=0.0)  # fmt: skip
+    child = supervisor.children[0]
+    delays = []
+    for _ in range(10):
+        supervisor._start(child)
+        child.proc.wait()
+        supervisor._check()
+        delays.append(child.restart_at - time.monotonic())
+        child.restart_at = 0.0
+        child.old_group = None
+    assert max(delays) <= BACKOFF_MAX
+    assert delays[-1] > 20
+
+
+def test_a_child_that_cannot_start_at_all_stops_everything_with_exit_1():
+    out = io.StringIO()
+    broken = ChildSpec("broken", [sys.executable, "-c", "raise SystemExit(3)"])
+    supervisor = Supervisor([ChildSpec("sleeper", SLEEPER), broken], out=out, stop_timeout=1.0)
     thread, result = _run_in_thread(supervisor)
     thread.join(20)
 
     assert result["code"] == 1
-    assert "crasher exited 3 times" in out.getvalue()
+    assert "broken could not start (exited with code 3" in out.getvalue()
     assert supervisor.pids() == {}
+
+
+# Binds a port, forks a helper that inherits the listening socket (like gunicorn's workers), dies after a while.
+PORT_HOLDER = """
+import os, socket, sys, time
+sock = socket.socket()
+sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    sock.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError:
+    print("BIND FAILED", flush=True)
+    raise SystemExit(9)
+sock.listen()
+print("bound", flush=True)
+if os.fork() == 0:
+    time.sleep(60)
+time.sleep(0.3)
+os._exit(1)
+"""
+
+
+def test_a_restarted_child_finds_the_port_its_predecessor_held(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = io.StringIO()
+    web = ChildSpec("web", [sys.executable, "-c", PORT_HOLDER, str(port)])
+    supervisor = Supervisor([web], out=out, stop_timeout=1.0, backoff_start=0.01, startup_grace=0.0)
+    thread, result = _run_in_thread(supervisor)
+    assert _wait(lambda: out.getvalue().count("| bound") >= 5, timeout=30)
+    supervisor.stop()
+    thread.join(15)
+    assert "BIND FAILED" not in out.getvalue()

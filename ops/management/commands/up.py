@@ -59,9 +59,18 @@ def _short(queue: str) -> str:
     return queue.removeprefix("automations_")
 
 
+def state_file_for(port: int) -> Path:
+    """Where the supervisor of an ``up`` on ``port`` keeps its children's state (read by /healthz)."""
+    return Path(settings.DATA_DIR) / f"up-{port}.state.json"
+
+
 def build_specs(*, host: str, port: int, concurrency: dict[str, int], web_workers: int) -> list[ChildSpec]:
     python = sys.executable
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "AUTOPLANE_SUPERVISOR_STATE_FILE": str(state_file_for(port)),
+    }
     cwd = str(settings.BASE_DIR)
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     if importlib.util.find_spec("gunicorn"):
@@ -171,6 +180,7 @@ class Command(BaseCommand):
         supervisor = Supervisor(
             build_specs(host=host, port=port, concurrency=per_queue, web_workers=web_workers),
             stop_timeout=stop_timeout,
+            state_file=state_file_for(port),
         )
         threading.Thread(
             target=self._announce_ready, args=(supervisor, base, started, banner), daemon=True
