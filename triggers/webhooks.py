@@ -21,8 +21,10 @@ Checks, in order, each answered with a stable code and audited as
    ``INVALID_SIGNATURE``.
 6. The body must be a JSON object: UTF-8, no NaN/Infinity, finite numbers, integers
    within 64 bits, nesting ≤ 64, no NUL or lone surrogates in strings or keys → else 400.
-7. ``Idempotency-Key`` header (else an ``idempotency_key`` string in the body, else a
-   verified ``webhook-id``), ≤ 255 characters, deduplicated per trigger for 24 h by
+7. The dedupe key: a verified ``webhook-id`` whenever the signature was checked (whatever
+   ``Idempotency-Key`` says: the header is not signed, so a replay may add, drop or
+   change it); else the ``Idempotency-Key`` header, else an ``idempotency_key`` string in
+   the body; ≤ 255 characters, deduplicated per trigger for 24 h by
    the dispatcher: same key + same body → the original run (200); a different body
    → 422; still being accepted → 409.
 
@@ -313,13 +315,21 @@ def _verify_signature(trigger: Trigger, request: FireRequest, raw: bytes, now: f
 
 
 def _idempotency_key(request: FireRequest, body: dict[str, Any], webhook_id: str | None) -> str | None:
+    """The dedupe key: a verified ``webhook-id`` always; else the header, else the body's key.
+
+    The ``webhook-id`` is covered by the signature, an ``Idempotency-Key`` header is not:
+    a captured signed request replayed with a key added, removed or changed must
+    still be the same delivery.
+    """
+    if webhook_id is not None:
+        return webhook_id
     key: Any = request.headers.get("Idempotency-Key")
     if key is None and "idempotency_key" in body:
         key = body["idempotency_key"]
         if not isinstance(key, str):
             raise BodyInvalid("idempotency_key must be a string")
     if key is None:
-        return webhook_id
+        return None
     if not key or len(key) > MAX_IDEMPOTENCY_KEY_CHARS:
         raise BodyInvalid(f"an idempotency key has 1 to {MAX_IDEMPOTENCY_KEY_CHARS} characters")
     return key

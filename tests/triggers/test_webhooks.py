@@ -501,3 +501,26 @@ def test_concurrent_duplicate_fires_with_one_key_start_exactly_one_run(hook, no_
         assert status in (202, 200, 409)
         if status != 409:
             assert answered == run_id
+
+
+@pytest.mark.parametrize(
+    ("original_key", "replay_key"),
+    [(None, "added-key"), ("first-key", None), ("first-key", "changed-key"), (None, None)],
+    ids=["key added", "key removed", "key changed", "same request"],
+)
+def test_a_replayed_signed_fire_is_one_run_whatever_its_idempotency_key(db, signed, original_key, replay_key):
+    automation, _, token, secret = signed
+    body = b'{"a": 1}'
+    headers = _signature_headers(secret, body, msg_id="msg_replayed")
+
+    def send(key):
+        extra = {"HTTP_IDEMPOTENCY_KEY": key} if key is not None else {}
+        return fire(APIClient(), automation.pk, body, token=token, **headers, **extra)
+
+    first = send(original_key)
+    replays = [send(replay_key), send("yet-another-key"), send(None)]
+
+    assert first.status_code == 202
+    assert [r.status_code for r in replays] == [200, 200, 200]
+    assert {r.json()["run_id"] for r in replays} == {first.json()["run_id"]}
+    assert Run.objects.count() == 1
