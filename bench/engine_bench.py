@@ -211,7 +211,7 @@ def webhook(report: Report, n: int) -> None:
 
 
 def event_matching(report: Report) -> None:
-    from bench.triggers_bench import bench_event_matching
+    from bench.triggers_bench import bench_event_matching, bench_filter_worst_case
 
     result = bench_event_matching(subscribed=10, unsubscribed=10000)
     levels = ", ".join(
@@ -219,3 +219,8 @@ def event_matching(report: Report) -> None:
     )
     report.add("event_matching_growth", result["growth"] or 0.0,
                f"event matching with 10 subscribers ({levels}); growth {result['growth']}x")  # fmt: skip
+    worst = bench_filter_worst_case()
+    report.add("filter_worst_case_max_ms", worst["worst_max_ms"],
+               "worst accepted filter against a 64 KB event, CPU per evaluation: " + ", ".join(
+                   f"{name}: p50 {c['p50_ms']:.3f} ms, max {c['max_ms']:.3f} ms"
+                   for name, c in worst["candidates"].items()))  # fmt: skip

@@ -325,3 +325,73 @@ def bench_event_matching(
     finally:
         Trigger.objects.filter(automation=noise).delete()
         _teardown(workspace, automations)
+
+
+def bench_filter_worst_case(iterations: int = 30) -> dict[str, Any]:
+    """CPU time to evaluate the costliest filters that save-time validation accepts (issue 12).
+
+    Pure: no database. Each candidate is compiled afresh for every evaluation (a cold RE2
+    DFA is the expensive case) and evaluated against a ~64 KB payload built to make it do
+    the most work: every regex subject sits just under the filter's regex subject limit and
+    is random text over the pattern's alphabet, every string ``contains`` scans a 64 KB
+    string, every ``in`` list is at its maximum length and is scanned to the end.
+    """
+    import json
+    import random
+
+    from automations.expressions.filter_grammar import (
+        MAX_CONDITIONS,
+        MAX_LIST_LENGTH,
+        MAX_SUBJECT_LENGTH,
+        FilterBudgetExceeded,
+        compile_filter,
+        validate_filter,
+    )
+
+    rng = random.Random(0)
+
+    def ab(length: int) -> str:
+        return "".join(rng.choices("ab", k=length))
+
+    def regexes(count: int, repeat: int) -> dict[str, Any]:
+        return {"$or": [{"path": f"payload.r{i}", "regex": f"[ab]*a[ab]{{{repeat}}}c"} for i in range(count)]}
+
+    candidates: dict[str, dict[str, Any]] = {
+        "one regex of 300 instructions": regexes(1, 293),
+        "five regexes of 57 instructions": regexes(5, 50),
+        "thirty small regexes": regexes(30, 3),
+        "64 conditions: 2 regexes, 31 contains, 31 in-lists": {
+            "$or": [
+                *regexes(2, 140)["$or"],
+                *({"path": "payload.text", "contains": "needle"} for _ in range(31)),
+                *(
+                    {"path": "payload.id", "in": [f"id-{j}" for j in range(MAX_LIST_LENGTH)]}
+                    for _ in range(31)
+                ),
+            ]
+        },
+    }
+    results: dict[str, Any] = {"iterations": iterations, "candidates": {}}
+    for name, spec in candidates.items():
+        assert validate_filter(spec) == [], name
+        assert str(spec).count("'path'") <= MAX_CONDITIONS
+        limit = compile_filter(spec).regex_subject_limit
+        payload: dict[str, Any] = {f"r{i}": ab(limit - 1) for i in range(30)}
+        payload["id"] = "id-none"
+        payload["text"] = "x" * max(0, MAX_SUBJECT_LENGTH - len(json.dumps(payload)) - 20)
+        document = {"event_type": "bench.worst", "source": "bench", "payload": payload}
+        timings, exceeded = [], 0
+        for _ in range(iterations):
+            compiled = compile_filter(spec)
+            started = time.thread_time()
+            try:
+                compiled.matches(document, budget_seconds=60.0)  # measure, do not stop
+            except FilterBudgetExceeded:
+                exceeded += 1
+            timings.append(time.thread_time() - started)
+        summary = _summary_ms(timings)
+        summary["payload_bytes"] = len(json.dumps(payload))
+        summary["regex_subject_limit"] = limit
+        results["candidates"][name] = summary
+    results["worst_max_ms"] = max(c["max_ms"] for c in results["candidates"].values())
+    return results

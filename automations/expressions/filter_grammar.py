@@ -26,15 +26,24 @@ Semantics, on JSON values (``true`` is not ``1``, although it is in Python):
 
 A type mismatch makes an operator false, so ``not_equals`` and ``not_in`` are true on it.
 
-Limits, checked by :func:`validate_filter`: at most ``MAX_DEPTH`` levels of nesting (a
-bare condition is one level), at most ``MAX_CONDITIONS`` conditions, and regexes that
-RE2 compiles (no backreferences, no lookaround) within ``MAX_REGEX_LENGTH`` characters
-and ``MAX_REGEX_PROGRAM_SIZE`` compiled instructions.
+Limits, checked by :func:`validate_filter`, each with its own error code: at most
+``MAX_DEPTH`` levels of nesting (a bare condition is one level; ``filter_too_deep``), at
+most ``MAX_CONDITIONS`` conditions (``filter_too_large``), ``in``/``not_in`` lists of at
+most ``MAX_LIST_LENGTH`` values (``list_too_long``), and regexes that RE2 compiles (no
+backreferences, no lookaround; ``invalid_regex``) within ``MAX_REGEX_LENGTH`` characters
+and, all the filter's regexes together, ``MAX_REGEX_PROGRAM_SIZE`` compiled instructions
+(``regex_too_complex``).
 
-Evaluation cost. RE2 runs in time linear in the subject and in the program size, and
-native calls cannot be interrupted, so ``regex`` and string ``contains`` leave strings
-longer than ``MAX_SUBJECT_LENGTH`` (characters, and UTF-8 bytes for a regex) unsearched:
-the condition is false. Each evaluation has a budget of ``EVAL_BUDGET_SECONDS`` of CPU
+Evaluation cost. RE2 runs in time linear in the subject and in the program size, but
+the constant is large when the DFA cannot cache its states (a pattern like
+``[ab]*a[ab]{30}c`` on random text builds a new state per byte): measured at up to
+~25 ns per instruction per subject byte. Native calls cannot be interrupted, so the work
+is bounded before the call: the regexes of a filter search at most ``MAX_REGEX_WORK``
+instruction-bytes per event, i.e. each regex searches strings of at most
+``MAX_REGEX_WORK // (the filter's total program size)`` UTF-8 bytes (from ~800 bytes for the
+largest accepted filter to 64 KB for a small pattern). String ``contains`` (a linear
+scan in C) searches up to ``MAX_SUBJECT_LENGTH`` characters. Longer strings are left
+unsearched: the condition is false. Each evaluation has a budget of ``EVAL_BUDGET_SECONDS`` of CPU
 time (the thread's, so a busy machine preempting the worker does not count against the
 filter), checked before every condition, within long list scans and at the end; running
 past it raises :class:`FilterBudgetExceeded` instead of answering, so the caller can audit
@@ -58,11 +67,16 @@ MAX_DEPTH = 8
 MAX_CONDITIONS = 64
 EVAL_BUDGET_SECONDS = 0.010
 MAX_REGEX_LENGTH = 256
-# RE2 is linear, but its worst case costs about 5 ns per compiled instruction per subject
-# byte (a pattern whose DFA keeps growing, like "[ab]*a[ab]{900}c": ~0.6 s on 64 KiB).
-# Typical patterns take microseconds. Unicode classes are big: "\pL" alone is 1201.
-MAX_REGEX_PROGRAM_SIZE = 1000
+# RE2 is linear, but its worst case (a DFA that keeps growing, like "[ab]*a[ab]{200}c",
+# compiled afresh) costs ~25 ns per compiled instruction per subject byte; typical patterns
+# take microseconds. Unicode classes are big: "\pL" alone is 1201 instructions. The
+# program size is summed over the filter's regexes, since each one runs on every event.
+MAX_REGEX_PROGRAM_SIZE = 300  # a literal of MAX_REGEX_LENGTH characters is 260
+# Instruction-bytes the regexes of one filter may search per event: 250,000 x 25 ns is
+# ~6 ms, inside the 10 ms budget, for the worst filter accepted (bench: filter_worst_case).
+MAX_REGEX_WORK = 250_000
 MAX_SUBJECT_LENGTH = 65_536
+MAX_LIST_LENGTH = 256
 
 OPERATORS = "equals not_equals starts_with ends_with contains regex gt gte lt lte in not_in exists".split()
 _ORDERINGS: dict[str, Callable[[Any, Any], bool]] = {
@@ -132,8 +146,8 @@ FILTER_SCHEMA: dict[str, Any] = {
                 "gte": _ORDERED_VALUE,
                 "lt": _ORDERED_VALUE,
                 "lte": _ORDERED_VALUE,
-                "in": {"type": "array"},
-                "not_in": {"type": "array"},
+                "in": {"type": "array", "maxItems": MAX_LIST_LENGTH},
+                "not_in": {"type": "array", "maxItems": MAX_LIST_LENGTH},
                 "exists": {"type": "boolean"},
             },
         },
@@ -149,7 +163,9 @@ _RE2_OPTIONS.log_errors = False  # a bad pattern is reported as an issue, not on
 @dataclass(frozen=True)
 class FilterIssue:
     path: str  # JSON pointer into the filter, "" for the filter itself
-    code: str  # invalid_filter | filter_too_deep | filter_too_large | invalid_regex
+    # invalid_filter | filter_too_deep | filter_too_large | list_too_long | invalid_regex
+    # | regex_too_complex
+    code: str
     message: str
 
 
@@ -182,12 +198,21 @@ def validate_filter(filter: Any) -> list[FilterIssue]:
     errors = sorted(_VALIDATOR.iter_errors(filter), key=lambda error: _pointer(error.absolute_path))
     if errors:  # deduplicated: a non-object fails "type" at two levels of the schema
         return list(dict.fromkeys(_schema_issue(error) for error in errors))
+    total = 0
     for pointer, condition in _conditions(filter, ""):
         if "regex" in condition:
             try:
-                _compile_regex(condition["regex"])
+                total += _program_size(_compile_regex(condition["regex"]))
             except ValueError as exc:
                 issues.append(FilterIssue(f"{pointer}/regex", "invalid_regex", str(exc)))
+                continue
+            if total > MAX_REGEX_PROGRAM_SIZE:
+                message = (
+                    f"regexes too complex: {total} instructions compiled so far, "
+                    f"at most {MAX_REGEX_PROGRAM_SIZE} for all the filter's regexes together"
+                )
+                issues.append(FilterIssue(f"{pointer}/regex", "regex_too_complex", message))
+                break
     return issues
 
 
@@ -207,6 +232,11 @@ class CompiledFilter:
 
     def __init__(self, root: _Node) -> None:
         self._root = root
+
+    @property
+    def regex_subject_limit(self) -> int:
+        """The longest string (UTF-8 bytes) this filter's regexes search."""
+        return _regex_subject_limit(self._root)
 
     def matches(self, document: Mapping[str, Any], *, budget_seconds: float = EVAL_BUDGET_SECONDS) -> bool:
         """Whether the event document passes; raises FilterBudgetExceeded past the CPU budget."""
@@ -252,8 +282,11 @@ def _schema_issue(error: ValidationError) -> FilterIssue:
         message = f"a condition has a path and exactly one operator, one of: {', '.join(OPERATORS)}"
     elif error.validator == "maxLength":  # rather than echo the long string back
         message = f"longer than {error.validator_value} characters"
-    on_regex = bool(error.absolute_path) and error.absolute_path[-1] == "regex"
-    return FilterIssue(pointer, "invalid_regex" if on_regex else "invalid_filter", message)
+    last = error.absolute_path[-1] if error.absolute_path else None
+    if error.validator == "maxItems" and last in ("in", "not_in"):
+        message = f"an {last} list has at most {error.validator_value} values"
+        return FilterIssue(pointer, "list_too_long", message)
+    return FilterIssue(pointer, "invalid_regex" if last == "regex" else "invalid_filter", message)
 
 
 def _pointer(parts: Iterable[str | int]) -> str:
@@ -282,13 +315,12 @@ def _compile_regex(pattern: str) -> Any:
             f"not a regex RE2 accepts ({detail}); RE2 runs in linear time, so it has no "
             "backreferences and no lookaround"
         ) from None
-    # ProgramSize is not wrapped by the Python API; a google-re2 upgrade that moves it fails the tests.
-    size = regex._regexp.ProgramSize()
-    if size > MAX_REGEX_PROGRAM_SIZE:
-        raise ValueError(
-            f"regex is too complex: {size} instructions compiled, at most {MAX_REGEX_PROGRAM_SIZE}"
-        )
     return regex
+
+
+def _program_size(regex: Any) -> int:
+    # ProgramSize is not wrapped by the Python API; a google-re2 upgrade that moves it fails the tests.
+    return int(regex._regexp.ProgramSize())
 
 
 # --- evaluation -------------------------------------------------------------------
@@ -312,6 +344,10 @@ class _Condition:
     op: str
     value: Any
     regex: Any = None
+    subject_limit: int = MAX_SUBJECT_LENGTH  # for a regex: bytes, shared out by MAX_REGEX_WORK
+    # for in/not_in: the listed strings and numbers as a set, the other values to scan
+    scalars: frozenset[Any] = frozenset()
+    others: tuple[Any, ...] = ()
 
     def evaluate(self, document: Any, budget: _Budget) -> bool:
         budget.check()
@@ -333,7 +369,11 @@ class _Condition:
             case "equals" | "not_equals":
                 return _json_equal(actual, value) == (op == "equals")
             case "in" | "not_in":
-                return _has_member(value, actual, budget) == (op == "in")
+                if _is_scalar(actual):
+                    found = actual in self.scalars
+                else:
+                    found = _has_member(self.others, actual, budget)
+                return found == (op == "in")
             case "gt" | "gte" | "lt" | "lte":
                 comparable = (isinstance(actual, str) and isinstance(value, str)) or (
                     _is_number(actual) and _is_number(value)
@@ -352,9 +392,9 @@ class _Condition:
                 return isinstance(actual, str) and actual.startswith(value)
             case "ends_with":
                 return isinstance(actual, str) and actual.endswith(value)
-            case "regex" if isinstance(actual, str) and _searchable(actual):
+            case "regex" if isinstance(actual, str) and len(actual) <= self.subject_limit:
                 data = actual.encode("utf-8", "surrogatepass")
-                return _searchable(data) and self.regex.search(data) is not None
+                return len(data) <= self.subject_limit and self.regex.search(data) is not None
         return False
 
 
@@ -385,19 +425,39 @@ class _Not:
 _Node = _Condition | _All | _AnyOf | _Not
 
 
-def _build(node: Mapping[str, Any]) -> _Node:
+def _build(filter: Mapping[str, Any]) -> _Node:
+    regexes = [_compile_regex(c["regex"]) for _, c in _conditions(filter, "") if "regex" in c]
+    total = sum(map(_program_size, regexes))
+    subject_limit = min(MAX_SUBJECT_LENGTH, MAX_REGEX_WORK // max(total, 1))
+    return _build_node(filter, iter(regexes), subject_limit)
+
+
+def _build_node(node: Mapping[str, Any], regexes: Iterator[Any], subject_limit: int) -> _Node:
+    """`regexes` are the compiled patterns in `_conditions` order (depth first, in order)."""
     if "$not" in node:
-        return _Not(_build(node["$not"]))
+        return _Not(_build_node(node["$not"], regexes, subject_limit))
     if "$and" in node:
-        return _All(tuple(_build(member) for member in node["$and"]))
+        return _All(tuple(_build_node(member, regexes, subject_limit) for member in node["$and"]))
     if "$or" in node:
-        return _AnyOf(tuple(_build(member) for member in node["$or"]))
+        return _AnyOf(tuple(_build_node(member, regexes, subject_limit) for member in node["$or"]))
     (op,) = node.keys() - {"path"}
     path = tuple(
         (key, int(key) if key.isascii() and key.isdigit() else None) for key in node["path"].split(".")
     )
-    regex = _compile_regex(node[op]) if op == "regex" else None
-    return _Condition(path, op, node[op], regex)
+    if op == "regex":
+        return _Condition(path, op, node[op], next(regexes), subject_limit)
+    if op in ("in", "not_in"):  # a set lookup, so a long list costs no more than a short one
+        scalars = frozenset(item for item in node[op] if _is_scalar(item))
+        others = tuple(item for item in node[op] if not _is_scalar(item))
+        return _Condition(path, op, node[op], scalars=scalars, others=others)
+    return _Condition(path, op, node[op])
+
+
+def _regex_subject_limit(node: _Node) -> int:
+    if isinstance(node, _Condition):
+        return node.subject_limit if node.op == "regex" else MAX_SUBJECT_LENGTH
+    members = (node.member,) if isinstance(node, _Not) else node.members
+    return min(map(_regex_subject_limit, members), default=MAX_SUBJECT_LENGTH)
 
 
 def _json_equal(a: Any, b: Any) -> bool:
@@ -417,6 +477,11 @@ def _has_member(items: list[Any], needle: Any, budget: _Budget) -> bool:
         if _json_equal(item, needle):
             return True
     return False
+
+
+def _is_scalar(value: Any) -> bool:
+    """A string or a number: JSON equality on these is Python's, hash included (1 == 1.0)."""
+    return isinstance(value, str) or _is_number(value)
 
 
 def _is_number(value: Any) -> bool:

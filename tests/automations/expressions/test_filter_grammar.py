@@ -14,7 +14,10 @@ from automations.expressions.filter_grammar import (
     FILTER_SCHEMA,
     MAX_CONDITIONS,
     MAX_DEPTH,
+    MAX_LIST_LENGTH,
     MAX_REGEX_LENGTH,
+    MAX_REGEX_PROGRAM_SIZE,
+    MAX_REGEX_WORK,
     MAX_SUBJECT_LENGTH,
     OPERATORS,
     FilterBudgetExceeded,
@@ -358,9 +361,39 @@ def test_backreferences_and_lookaround_are_rejected_with_a_clear_message(pattern
     assert "lookaround" in issue.message
 
 
-@pytest.mark.parametrize("pattern", ["[", "a{2,1}", "x" * (MAX_REGEX_LENGTH + 1), "[ab]*a[ab]{999}c", 5])
-def test_invalid_or_too_big_regex_is_rejected(pattern: Any) -> None:
+@pytest.mark.parametrize("pattern", ["[", "a{2,1}", "x" * (MAX_REGEX_LENGTH + 1), 5])
+def test_invalid_or_too_long_regex_is_rejected(pattern: Any) -> None:
     assert issues(cond("regex", pattern)) == [("/regex", "invalid_regex")]
+
+
+@pytest.mark.parametrize("pattern", ["[ab]*a[ab]{990}c", "[ab]*a[ab]{300}c", r"\pL"])
+def test_a_regex_over_the_program_size_is_too_complex(pattern: str) -> None:
+    (issue,) = validate_filter(cond("regex", pattern))
+    assert (issue.path, issue.code) == ("/regex", "regex_too_complex")
+    assert f"at most {MAX_REGEX_PROGRAM_SIZE}" in issue.message
+
+
+def test_the_program_size_bound_is_for_all_the_filters_regexes_together() -> None:
+    # given: regexes of 57 instructions each, each fine on its own
+    one = cond("regex", "[ab]*a[ab]{50}c")
+    assert validate_filter(one) == []
+    # when / then: the one that takes the total past the bound is named
+    assert validate_filter({"$or": [one] * 5}) == []
+    assert issues({"$or": [one] * 6}) == [("/$or/5/regex", "regex_too_complex")]
+
+
+def test_in_lists_are_bounded() -> None:
+    assert validate_filter(cond("in", list(range(MAX_LIST_LENGTH)))) == []
+    assert issues(cond("in", list(range(MAX_LIST_LENGTH + 1)))) == [("/in", "list_too_long")]
+    assert issues(cond("not_in", ["x"] * 100_000)) == [("/not_in", "list_too_long")]
+
+
+def test_the_regex_subject_limit_shares_out_the_regex_work() -> None:
+    small = compile_filter(cond("regex", "^a"))  # 4 instructions
+    largest = compile_filter({"$or": [cond("regex", "[ab]*a[ab]{50}c")] * 5})  # 5 x 57
+    assert small.regex_subject_limit == MAX_REGEX_WORK // 4
+    assert largest.regex_subject_limit == MAX_REGEX_WORK // (5 * 57)
+    assert compile_filter(cond("equals", 1)).regex_subject_limit == MAX_SUBJECT_LENGTH
 
 
 def test_regex_of_max_length_is_accepted() -> None:
@@ -369,9 +402,9 @@ def test_regex_of_max_length_is_accepted() -> None:
 
 def test_catastrophic_backtracking_pattern_runs_in_linear_time() -> None:
     # given a pattern that takes exponential time in a backtracking engine
-    subject = "a" * 50_000 + "b"
+    subject = "a" * 30_000 + "b"
     document = {"payload": {"name": subject}}
-    assert len(subject) <= MAX_SUBJECT_LENGTH  # so the regex really is searched
+    assert len(subject) <= compile_filter(cond("regex", "(a+)+b$")).regex_subject_limit  # searched
     # when
     started = time.perf_counter()
     no_match = matches(cond("regex", "(a+)+$"), document)
@@ -410,9 +443,19 @@ def test_huge_document_stays_within_budget() -> None:
 def test_subjects_are_searched_up_to_the_cap_and_not_beyond() -> None:
     at_cap = {"payload": {"s": "x" * (MAX_SUBJECT_LENGTH - 1) + "!"}}
     beyond = {"payload": {"s": "x" * MAX_SUBJECT_LENGTH + "!"}}
-    for op, value in [("contains", "!"), ("regex", "!$")]:
-        assert matches(cond(op, value, "payload.s"), at_cap)
-        assert not matches(cond(op, value, "payload.s"), beyond)
+    assert matches(cond("contains", "!", "payload.s"), at_cap)
+    assert not matches(cond("contains", "!", "payload.s"), beyond)
+    # a regex searches what its share of the regex work allows, at most the same cap
+    limit = compile_filter(cond("regex", "!$")).regex_subject_limit
+    assert limit == MAX_REGEX_WORK // 5
+    assert matches(cond("regex", "!$", "payload.s"), {"payload": {"s": "x" * (limit - 1) + "!"}})
+    assert not matches(cond("regex", "!$", "payload.s"), {"payload": {"s": "x" * limit + "!"}})
+    # a bigger regex searches less: the work per event is what is bounded
+    compiled = compile_filter(cond("regex", "[ab]*a[ab]{200}!$", "payload.s"))
+    limit = compiled.regex_subject_limit
+    assert limit < 2000
+    assert compiled.matches({"payload": {"s": "a" * (limit - 1) + "!"}})
+    assert not compiled.matches({"payload": {"s": "a" * limit + "!"}})
     # a regex sees UTF-8 bytes: 40,000 "é" are 80,000 bytes
     wide = {"payload": {"s": "é" * 40_000}}
     assert matches(cond("contains", "é", "payload.s"), wide)
@@ -443,12 +486,12 @@ def test_exceeded_budget_raises_an_auditable_filter_error() -> None:
 
 
 def test_one_slow_condition_past_the_budget_is_reported_too() -> None:
-    # given a linear-time but DFA-hostile regex (RE2's worst case) and a subject at the cap
-    compiled = compile_filter(cond("regex", "[ab]*a[ab]{500}c", "payload.text"))
-    text = "".join(random.Random(0).choices("ab", k=MAX_SUBJECT_LENGTH))
+    # given a linear-time but DFA-hostile regex (RE2's worst case) and a subject at its limit
+    compiled = compile_filter(cond("regex", "[ab]*a[ab]{200}c", "payload.text"))
+    text = "".join(random.Random(0).choices("ab", k=compiled.regex_subject_limit))
     # when / then: no later condition to check the deadline before, yet it raises
     with pytest.raises(FilterBudgetExceeded):
-        compiled.matches({"payload": {"text": text}})
+        compiled.matches({"payload": {"text": text}}, budget_seconds=1e-6)
 
 
 def test_typical_evaluation_is_far_below_the_budget() -> None:
