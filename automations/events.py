@@ -4,6 +4,19 @@ No other code touches the ``DomainEvent`` table, so the bus can move to Redis
 Streams later. Publishing stores the event and, after commit, queues its
 delivery; delivery calls every subscriber (registered at start-up, e.g. by the
 triggers app's ``AppConfig.ready``) with the event.
+
+Delivery is at least once (SPEC §6.3): the event row is the record. A delivery
+that cannot be queued (broker down) is not an error for the publisher, whose
+event is committed; ``delivered_at`` is set once every subscriber had the event,
+and :func:`redeliver` (the relay, on beat every ``AUTOPLANE_RELAY_SECONDS``)
+queues again every event still undelivered ``AUTOPLANE_RELAY_AFTER_SECONDS``
+after its last send, up to ``MAX_DELIVERY_ATTEMPTS`` failed deliveries.
+Subscribers must therefore be idempotent: trigger matching dedupes per
+(event, trigger).
+
+An ``idempotency_key`` (``POST /events``' ``Idempotency-Key``) makes a publish
+repeatable: the same key with the same body is the same event
+(``created=False``); with another body it is refused (422).
 """
 
 from __future__ import annotations
@@ -15,10 +28,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from audit import writer
+from config.errors import InvalidArgument, ServiceError
 
 from .models import DomainEvent
 
@@ -26,6 +42,19 @@ logger = logging.getLogger(__name__)
 
 EVENT_TTL = timedelta(days=7)
 DELIVER_TASK = "autoplane.deliver_event"
+MAX_DELIVERY_ATTEMPTS = 5
+MAX_IDEMPOTENCY_KEY_CHARS = 255
+RELAY_BATCH = 500
+
+
+class EventRefused(ServiceError):
+    """An idempotency key reused with another body."""
+
+
+@dataclass(frozen=True)
+class Published:
+    event_id: str
+    created: bool
 
 
 @dataclass(frozen=True)
@@ -77,28 +106,82 @@ def publish(
     actor: str = "system",
 ) -> str:
     """Store an event and queue its delivery after commit; returns the event id."""
+    return publish_event(
+        workspace_id=workspace_id, event_type=event_type, payload=payload, source=source, trace_id=trace_id,
+        chain_depth=chain_depth, parent_run_id=parent_run_id, actor=actor,
+    ).event_id  # fmt: skip
+
+
+def publish_event(
+    *,
+    workspace_id: int,
+    event_type: str,
+    payload: Mapping[str, Any],
+    source: str,
+    trace_id: str | None = None,
+    chain_depth: int = 0,
+    parent_run_id: str | None = None,
+    actor: str = "system",
+    idempotency_key: str | None = None,
+    request_hash: str = "",
+) -> Published:
+    """:func:`publish`, repeatable under an ``idempotency_key`` (raises EventRefused on another body)."""
+    if idempotency_key is not None and not 1 <= len(idempotency_key) <= MAX_IDEMPOTENCY_KEY_CHARS:
+        raise InvalidArgument([{"path": "/headers/Idempotency-Key", "code": "INVALID_ARGUMENT",
+                                "message": f"an idempotency key has 1 to {MAX_IDEMPOTENCY_KEY_CHARS} characters"}])  # fmt: skip
+    now = timezone.now()
+    wanted = _wanted(workspace_id, event_type)
+    try:
+        # A savepoint only when a duplicate key can be expected and recovered from.
+        with transaction.atomic(savepoint=idempotency_key is not None):
+            event = DomainEvent.objects.create(
+                workspace_id=workspace_id,
+                event_type=event_type,
+                source=source,
+                payload=dict(payload),
+                trace_id=trace_id or uuid.uuid4().hex,
+                chain_depth=chain_depth,
+                parent_run_id=parent_run_id,
+                expires_at=now + EVENT_TTL,
+                idempotency_key=idempotency_key,
+                request_hash=request_hash,
+                sent_at=now,
+                delivered_at=None if wanted else now,  # nobody subscribes: nothing to deliver
+            )
+            writer.append(
+                trace_id=event.trace_id, type="event.published", summary=f"event {event_type} published",
+                workspace_id=workspace_id, actor=actor, refs={"event": str(event.id)},
+                payload={"event_type": event_type, "source": source, "chain_depth": chain_depth},
+            )  # fmt: skip
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        existing = DomainEvent.objects.filter(
+            workspace_id=workspace_id, idempotency_key=idempotency_key
+        ).first()
+        if existing is None:  # the other one rolled back meanwhile
+            raise EventRefused(
+                "CONFLICT", "an event with this idempotency key is being published; retry", 409
+            )
+        if existing.request_hash != request_hash:
+            raise EventRefused("UNPROCESSABLE", "idempotency key reused with a different request body", 422)
+        return Published(str(existing.id), created=False)
+    event_id = str(event.id)
+    if wanted:
+        transaction.on_commit(lambda: send_delivery(event_id))
+    return Published(event_id, created=True)
+
+
+def send_delivery(event_id: str) -> bool:
+    """Queue one delivery; a broker that is down is logged, not raised: the relay sends it later."""
     from config.celery import app
 
-    with transaction.atomic(savepoint=False):
-        event = DomainEvent.objects.create(
-            workspace_id=workspace_id,
-            event_type=event_type,
-            source=source,
-            payload=dict(payload),
-            trace_id=trace_id or uuid.uuid4().hex,
-            chain_depth=chain_depth,
-            parent_run_id=parent_run_id,
-            expires_at=timezone.now() + EVENT_TTL,
-        )
-        writer.append(
-            trace_id=event.trace_id, type="event.published", summary=f"event {event_type} published",
-            workspace_id=workspace_id, actor=actor, refs={"event": str(event.id)},
-            payload={"event_type": event_type, "source": source, "chain_depth": chain_depth},
-        )  # fmt: skip
-        event_id = str(event.id)
-        if _wanted(workspace_id, event_type):
-            transaction.on_commit(lambda: app.send_task(DELIVER_TASK, args=[event_id]))
-    return event_id
+    try:
+        app.send_task(DELIVER_TASK, args=[event_id])
+    except Exception as exc:  # kombu/redis raise several types; the event row is the record
+        logger.warning("delivery of event %s not queued (%r); the relay will send it", event_id, exc)
+        return False
+    return True
 
 
 def _as_event(row: DomainEvent) -> Event:
@@ -115,19 +198,47 @@ def _as_event(row: DomainEvent) -> Event:
 
 
 def deliver(event_id: str) -> int:
-    """Hand one stored event to every subscriber; returns how many were called."""
-    row = DomainEvent.objects.filter(id=event_id).first()
+    """Hand one stored event to every subscriber; returns how many were called.
+
+    The event counts as delivered only when no subscriber raised (a database blip in
+    matching, say): otherwise the relay delivers it again, and matching dedupes.
+    """
+    row = DomainEvent.objects.filter(id=event_id, delivered_at__isnull=True).first()
     if row is None:
-        return 0
+        return 0  # unknown, expired or already delivered (a redelivery)
     event = _as_event(row)
+    failed = False
     for handler, _ in list(_subscribers):
         try:
             handler(event)
         except Exception:
+            failed = True
             logger.exception(
                 "event subscriber %s failed for %s", getattr(handler, "__name__", handler), event_id
             )
+    DomainEvent.objects.filter(id=event_id).update(
+        delivered_at=None if failed else timezone.now(), delivery_attempts=F("delivery_attempts") + 1
+    )
     return len(_subscribers)
+
+
+def redeliver(now=None) -> int:
+    """The relay: queue again every event still undelivered a while after its last send."""
+    now = now or timezone.now()
+    stale = DomainEvent.objects.filter(
+        delivered_at__isnull=True,
+        sent_at__lt=now - timedelta(seconds=settings.AUTOPLANE_RELAY_AFTER_SECONDS),
+        delivery_attempts__lt=MAX_DELIVERY_ATTEMPTS,
+        expires_at__gt=now,
+    )
+    sent = 0
+    for event_id in list(stale.order_by("sent_at").values_list("id", flat=True)[:RELAY_BATCH]):
+        # Stamped first, so the next relay tick does not send it yet again.
+        DomainEvent.objects.filter(id=event_id).update(sent_at=now)
+        if not send_delivery(str(event_id)):
+            break  # the broker is still down: the next tick tries again
+        sent += 1
+    return sent
 
 
 def purge_expired() -> int:

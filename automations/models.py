@@ -200,12 +200,33 @@ class DomainEvent(models.Model):
     parent_run_id = models.UUIDField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField()
+    # POST /events' Idempotency-Key, unique per workspace while the event is kept.
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    request_hash = models.CharField(max_length=64, blank=True, default="")
+    # Delivery to the subscribers (at least once): sent_at is when a delivery was
+    # last queued, delivered_at when every subscriber had it; the relay re-sends
+    # the ones a lost broker message left behind.
+    sent_at = models.DateTimeField(null=True, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    delivery_attempts = models.PositiveSmallIntegerField(default=0)
 
     class Meta:
         ordering = ["-created_at"]
         indexes = [
             models.Index(fields=["workspace", "event_type", "-created_at"], name="event_type_idx"),
             models.Index(fields=["expires_at"], name="event_expiry_idx"),
+            models.Index(
+                fields=["sent_at"],
+                condition=models.Q(delivered_at__isnull=True),
+                name="event_undelivered_idx",
+            ),  # fmt: skip
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "idempotency_key"],
+                condition=models.Q(idempotency_key__isnull=False),
+                name="event_idempotency_key_uniq",
+            )  # fmt: skip
         ]
 
     def __str__(self) -> str:

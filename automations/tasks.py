@@ -23,6 +23,11 @@ def deliver_event(event_id: str) -> int:
     return events.deliver(event_id)
 
 
+@shared_task(name="autoplane.relay", ignore_result=True)
+def relay() -> int:
+    return events.redeliver()
+
+
 @shared_task(name="autoplane.sweep_runs", ignore_result=True)
 def sweep_runs() -> dict[str, int]:
     return services.runs_sweep()

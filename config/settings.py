@@ -192,6 +192,11 @@ if AUTOPLANE_SANDBOX_BACKEND not in ("bubblewrap", "subprocess"):
 # A run whose worker stopped heartbeating for this long is re-enqueued by the sweeper.
 AUTOPLANE_RUN_LEASE_SECONDS = env.int("AUTOPLANE_RUN_LEASE_SECONDS", default=60)
 AUTOPLANE_SWEEP_SECONDS = env.int("AUTOPLANE_SWEEP_SECONDS", default=15)
+# The relay (beat, every RELAY_SECONDS) sends again what was committed but never
+# reached the broker, or was lost in it: events undelivered RELAY_AFTER_SECONDS
+# after their last send. See docs/operations.md, "Intervals".
+AUTOPLANE_RELAY_SECONDS = env.float("AUTOPLANE_RELAY_SECONDS", default=2.0)
+AUTOPLANE_RELAY_AFTER_SECONDS = env.float("AUTOPLANE_RELAY_AFTER_SECONDS", default=5.0)
 
 # Set by `manage.py up` for its children: the supervisor's state file, read by
 # /healthz and /metrics (restarts, crash-looping children). Empty: not under `up`.
@@ -245,6 +250,7 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": float(AUTOPLANE_AUDIT_CHECKPOINT_SECONDS),
     },
     "sweep-runs": {"task": "autoplane.sweep_runs", "schedule": float(AUTOPLANE_SWEEP_SECONDS)},
+    "relay": {"task": "autoplane.relay", "schedule": AUTOPLANE_RELAY_SECONDS},
     "expire-approvals": {"task": "autoplane.expire_approvals", "schedule": 30.0},
     "purge-expired": {"task": "autoplane.purge_expired", "schedule": 3600.0},
     "harvest-mcp-servers": {"task": "autoplane.harvest_mcp_servers", "schedule": 86400.0},

@@ -15,7 +15,7 @@ from workspaces.models import Permission
 
 from .. import definition as defs
 from .. import events, selectors, services
-from ..dispatcher import DispatchResult
+from ..dispatcher import DispatchResult, request_hash
 from ..models import Run
 from .serializers import (
     AutomationOut,
@@ -192,11 +192,13 @@ class EventPublish(APIView):
         data = EventIn(data=request.data)
         data.is_valid(raise_exception=True)
         workspace = workspace_for_write(request, data.validated_data.get("workspace"), Permission.OPERATE)
-        event_id = events.publish(
+        key = request.headers.get("Idempotency-Key")
+        published = events.publish_event(
             workspace_id=workspace.id, event_type=data.validated_data["event_type"],
             payload=data.validated_data["payload"], source="api", actor=f"user:{request.user.get_username()}",
+            idempotency_key=key, request_hash=request_hash(request.data) if key is not None else "",
         )  # fmt: skip
-        return Response({"event_id": event_id}, status=202)
+        return Response({"event_id": published.event_id}, status=202 if published.created else 200)
 
 
 class DefinitionSchema(APIView):

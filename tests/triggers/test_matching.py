@@ -13,6 +13,7 @@ from automations import events, services
 from automations.dispatcher import MAX_CHAIN_DEPTH
 from automations.expressions.filter_grammar import CompiledFilter
 from automations.models import DomainEvent, Run, RunStatus
+from config.celery import app as celery_app
 from triggers import matching
 from triggers.models import Trigger
 
@@ -208,3 +209,94 @@ def test_subscribers_are_looked_up_by_workspace_and_event_type(db, make_automati
 
     assert [t.automation_id for t in found] == [subscribed.pk]
     assert Trigger.objects.get(automation=subscribed).event_type == "orders.paid"
+
+
+# --- delivery at least once, matching once, publishing repeatable ----------------------------------
+
+
+def test_matching_the_same_event_twice_starts_one_run_per_trigger(db, make_automation, workspace):
+    first = make_automation(definition(name="first", triggers=[event()]))
+    second = make_automation(definition(name="second", triggers=[event()]))
+    event_id = events.publish(workspace_id=workspace.id, event_type="files.added", payload={}, source="test")
+    row = DomainEvent.objects.get(pk=event_id)
+
+    # What a redelivery racing the first delivery does: both reach the matcher.
+    matching.event_matched(events._as_event(row))
+    matching.event_matched(events._as_event(row))
+
+    assert len(_runs_of(first)) == 1
+    assert len(_runs_of(second)) == 1
+
+
+def test_a_delivery_records_itself_and_the_relay_resends_only_undelivered_events(db, make_automation, workspace,
+                                                                                   settings):  # fmt: skip
+    settings.AUTOPLANE_RELAY_AFTER_SECONDS = 0
+    automation = make_automation(definition(triggers=[event()]))
+    lost = events.publish(
+        workspace_id=workspace.id, event_type="files.added", payload={"n": 1}, source="test"
+    )
+    delivered = events.publish(
+        workspace_id=workspace.id, event_type="files.added", payload={"n": 2}, source="test"
+    )
+    unwanted = events.publish(workspace_id=workspace.id, event_type="nobody.cares", payload={}, source="test")
+    events.deliver(delivered)
+
+    assert DomainEvent.objects.get(pk=delivered).delivered_at is not None
+    assert DomainEvent.objects.get(pk=unwanted).delivered_at is not None  # nothing to deliver
+    assert DomainEvent.objects.get(pk=lost).delivered_at is None
+    before = DomainEvent.objects.get(pk=lost).sent_at
+
+    assert events.redeliver() == 1  # only the lost one
+    assert DomainEvent.objects.get(pk=lost).sent_at > before
+    events.deliver(lost)  # what the re-sent message does
+    events.deliver(lost)  # and a late duplicate of the original
+
+    assert len(_runs_of(automation)) == 2
+    assert events.redeliver() == 0
+
+
+def test_a_publish_whose_delivery_cannot_be_queued_is_still_accepted(
+    db, api, make_automation, monkeypatch, django_capture_on_commit_callbacks
+):
+    make_automation(definition(triggers=[event()]))
+
+    def broker_down(*args, **kwargs):
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(celery_app, "send_task", broker_down)
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        response = api.post("/api/v1/events", {"event_type": "files.added", "payload": {}}, format="json")
+
+    assert len(callbacks) == 1  # the delivery was attempted, and failed
+
+    assert response.status_code == 202
+    row = DomainEvent.objects.get(pk=response.json()["event_id"])
+    assert row.delivered_at is None  # the relay will send it
+
+
+def test_post_events_with_an_idempotency_key_is_one_event(db, api, make_automation):
+    automation = make_automation(definition(triggers=[event()]))
+    body = {"event_type": "files.added", "payload": {"name": "a.csv"}}
+
+    first = api.post("/api/v1/events", body, format="json", HTTP_IDEMPOTENCY_KEY="connector-1")
+    again = api.post("/api/v1/events", body, format="json", HTTP_IDEMPOTENCY_KEY="connector-1")
+    other = api.post("/api/v1/events", {**body, "payload": {"name": "b.csv"}}, format="json",
+                     HTTP_IDEMPOTENCY_KEY="connector-1")  # fmt: skip
+    unkeyed = api.post("/api/v1/events", body, format="json")
+
+    assert (first.status_code, again.status_code, unkeyed.status_code) == (202, 200, 202)
+    assert again.json()["event_id"] == first.json()["event_id"]
+    assert other.status_code == 422
+    assert other.json()["error"]["code"] == "UNPROCESSABLE"
+    assert DomainEvent.objects.count() == 2
+    for event_id in DomainEvent.objects.values_list("pk", flat=True):
+        events.deliver(str(event_id))
+    assert len(_runs_of(automation)) == 2
+
+
+def test_an_idempotency_key_over_255_characters_is_400(db, api):
+    response = api.post("/api/v1/events", {"event_type": "files.added"}, format="json",
+                        HTTP_IDEMPOTENCY_KEY="k" * 256)  # fmt: skip
+
+    assert response.status_code == 400
+    assert not DomainEvent.objects.exists()
