@@ -39,6 +39,7 @@ from jsonschema.exceptions import SchemaError
 from audit import writer
 from audit.models import Outcome
 from audit.redaction import redact
+from workspaces.models import Workspace
 
 from . import tokens
 from .models import Approval, ApprovalStatus, ConsumedNonce, StandingApproval
@@ -71,6 +72,8 @@ class GateRequest:
     trace_id: str
     # Optional: "autonomy" (shown in ``why``), "secrets" (values redacted from what is stored).
     extra: dict[str, Any] = field(default_factory=dict)
+    # The people behind the run (user ids): under four-eyes none of them may approve it.
+    principal_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,14 @@ def _accepts(constraint: Any, what: Any) -> bool:
         return False
 
 
+def _own_people(request: GateRequest) -> set[int]:
+    """Under four-eyes, the users whose say cannot approve this step: the run's principals and
+    the automation's last editor. Empty without four-eyes."""
+    if not Workspace.objects.filter(pk=request.workspace_id, four_eyes=True).exists():
+        return set()
+    return {pk for pk in (request.last_editor_id, *request.principal_ids) if pk is not None}
+
+
 def _use_standing(request: GateRequest, now: datetime) -> Verdict | None:
     candidates = StandingApproval.objects.filter(
         workspace_id=request.workspace_id,
@@ -153,6 +164,13 @@ def _use_standing(request: GateRequest, now: datetime) -> Verdict | None:
                        Outcome.FAILURE, refs={"standing_approval": str(standing.pk)})  # fmt: skip
             continue
         if not _accepts(standing.arg_constraint, request.what):
+            continue
+        if standing.created_by_id in _own_people(request):
+            with transaction.atomic():
+                _audit(request, "approval.standing.skipped",
+                       f"standing approval {standing.pk} not used: four-eyes, and its creator is behind this "
+                       "run or last edited the automation", Outcome.SUPPRESSED,
+                       refs={"standing_approval": str(standing.pk)})  # fmt: skip
             continue
         with transaction.atomic():
             taken = StandingApproval.objects.filter(
@@ -253,6 +271,7 @@ def _create(request: GateRequest, now: datetime) -> Verdict:
         plan_hash=request.plan_hash,
         requested_by=request.requested_by,
         last_editor_id=request.last_editor_id,
+        principal_ids=sorted(set(request.principal_ids)),
         trace_id=request.trace_id,
         approvals_required=max(1, int(request.approvals_required)),
         expires_at=now + timedelta(seconds=max(1, int(request.expires_in_seconds))),

@@ -47,6 +47,8 @@ class Approval(models.Model):
     requested_by = models.CharField(max_length=200, default="system")
     # Who last edited the automation when the approval was requested (four-eyes).
     last_editor_id = models.BigIntegerField(null=True, blank=True)
+    # The people behind the run (user ids): four-eyes refuses their decisions too.
+    principal_ids = models.JSONField(default=list, blank=True)
     trace_id = models.CharField(max_length=64)
     status = models.CharField(max_length=16, choices=ApprovalStatus.choices, default=ApprovalStatus.PENDING)
     approvals_required = models.PositiveSmallIntegerField(default=1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -80,8 +81,8 @@ def _resume_on_commit(run_id: Any, reason: str) -> None:
 
 def _own_work(approval: Approval, user) -> str | None:
     """Why four-eyes forbids ``user`` from approving this, or None."""
-    if approval.requested_by == f"user:{user.get_username()}":
-        return "you started this run"
+    if approval.requested_by == f"user:{user.get_username()}" or user.pk in (approval.principal_ids or ()):
+        return "you are behind this run (you started it, published its event or fired its webhook)"
     if approval.last_editor_id is not None and approval.last_editor_id == user.pk:
         return "you last edited this automation"
     return None
@@ -223,6 +224,24 @@ def _check_constraint(arg_constraint: Any) -> None:
         )
 
 
+# The automations app registers, in its AppConfig.ready, how to find an automation's workspace and
+# last editor by id: approvals never import the engine (STYLE: dependencies point one way).
+AutomationLookup = Callable[[uuid.UUID], "tuple[int, int | None] | None"]
+_automation_lookup: list[AutomationLookup] = []
+
+
+def register_automation_lookup(lookup: AutomationLookup) -> None:
+    _automation_lookup[:] = [lookup]
+
+
+def _automation_in(workspace: Workspace, automation_id: uuid.UUID) -> int | None:
+    """The automation's last editor id; NOT_FOUND unless it exists in ``workspace``."""
+    found = _automation_lookup[0](automation_id) if _automation_lookup else None
+    if found is None or found[0] != workspace.id:
+        raise ApprovalError("NOT_FOUND", "automation not found", 404)
+    return found[1]
+
+
 def standing_approval_validate(
     *, automation_id: Any, capability_id: str, max_uses: Any, expires_at: datetime, arg_constraint: Any
 ) -> uuid.UUID:
@@ -263,6 +282,10 @@ def standing_approval_create(
         automation_id=automation_id, capability_id=capability_id, max_uses=max_uses, expires_at=expires_at,
         arg_constraint=arg_constraint,
     )  # fmt: skip
+    last_editor_id = _automation_in(workspace, automation_id)
+    if workspace.four_eyes and last_editor_id is not None and last_editor_id == user.pk:
+        raise ApprovalError("PERMISSION_DENIED", "four-eyes: you last edited this automation, so someone else "
+                            "must create its standing approval", 403)  # fmt: skip
     standing = StandingApproval(
         workspace=workspace,
         automation_id=automation_id,

@@ -5,3 +5,10 @@ from django.apps import AppConfig
 
 class AutomationsConfig(AppConfig):
     name = "automations"
+
+    def ready(self) -> None:
+        from approvals.services import register_automation_lookup
+
+        from .selectors import automation_workspace_and_editor
+
+        register_automation_lookup(automation_workspace_and_editor)

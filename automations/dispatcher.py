@@ -59,6 +59,8 @@ class DispatchRequest:
     trigger_id: Any = None
     trigger_payload: dict[str, Any] = field(default_factory=dict)
     triggered_by: str = "system"
+    # user ids of the people behind the run (four-eyes); see Run.principal_ids
+    principal_ids: tuple[int, ...] = ()
     dedupe: Dedupe | None = None
     trace_id: str | None = None
     parent_run_id: Any = None
@@ -221,6 +223,7 @@ def dispatch(request: DispatchRequest) -> DispatchResult:
             trigger_id=request.trigger_id,
             trigger_payload=request.trigger_payload,
             triggered_by=request.triggered_by,
+            principal_ids=sorted({int(pk) for pk in request.principal_ids if pk is not None}),
             trace_id=trace_id,
             parent_run_id=request.parent_run_id,
             chain_depth=request.chain_depth,

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -67,6 +67,7 @@ class Event:
     trace_id: str
     chain_depth: int
     parent_run_id: str | None
+    principal_ids: tuple[int, ...] = ()  # the people behind the event (four-eyes)
 
     def document(self) -> dict[str, Any]:
         """What event filters and templates see."""
@@ -104,11 +105,12 @@ def publish(
     chain_depth: int = 0,
     parent_run_id: str | None = None,
     actor: str = "system",
+    principal_ids: Iterable[int] = (),
 ) -> str:
     """Store an event and queue its delivery after commit; returns the event id."""
     return publish_event(
         workspace_id=workspace_id, event_type=event_type, payload=payload, source=source, trace_id=trace_id,
-        chain_depth=chain_depth, parent_run_id=parent_run_id, actor=actor,
+        chain_depth=chain_depth, parent_run_id=parent_run_id, actor=actor, principal_ids=principal_ids,
     ).event_id  # fmt: skip
 
 
@@ -124,6 +126,7 @@ def publish_event(
     actor: str = "system",
     idempotency_key: str | None = None,
     request_hash: str = "",
+    principal_ids: Iterable[int] = (),
 ) -> Published:
     """:func:`publish`, repeatable under an ``idempotency_key`` (raises EventRefused on another body)."""
     if idempotency_key is not None and not 1 <= len(idempotency_key) <= MAX_IDEMPOTENCY_KEY_CHARS:
@@ -142,6 +145,7 @@ def publish_event(
                 trace_id=trace_id or uuid.uuid4().hex,
                 chain_depth=chain_depth,
                 parent_run_id=parent_run_id,
+                principal_ids=sorted(set(principal_ids)),
                 expires_at=now + EVENT_TTL,
                 idempotency_key=idempotency_key,
                 request_hash=request_hash,
@@ -194,6 +198,7 @@ def _as_event(row: DomainEvent) -> Event:
         trace_id=row.trace_id,
         chain_depth=row.chain_depth,
         parent_run_id=str(row.parent_run_id) if row.parent_run_id else None,
+        principal_ids=tuple(row.principal_ids or ()),
     )
 
 

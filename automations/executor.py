@@ -596,6 +596,7 @@ class Executor:
                     workspace_id=self.run.workspace_id, event_type=f"automation.run.{kind}",
                     source=f"automation:{self.run.automation_id}", trace_id=self.run.trace_id,
                     chain_depth=self.run.chain_depth + 1, parent_run_id=str(self.run.pk),
+                    principal_ids=self.run.principal_ids,
                     payload={"automation_id": str(self.run.automation_id),
                              "automation_name": self.snapshot.get("name"), "run_id": str(self.run.pk),
                              "status": status, "output": output, "error": error},

@@ -92,6 +92,9 @@ class Run(models.Model):
     trigger_id = models.UUIDField(null=True, blank=True)
     trigger_payload = models.JSONField(default=dict, blank=True)
     triggered_by = models.CharField(max_length=200, default="system")
+    # The people behind the run (user ids), for four-eyes: who ran it, who published the event
+    # that started it, who rotated or owns the webhook that fired it, along an event chain.
+    principal_ids = models.JSONField(default=list, blank=True)
     trace_id = models.CharField(max_length=64, db_index=True)
     parent_run = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     chain_depth = models.PositiveSmallIntegerField(default=0)
@@ -198,6 +201,7 @@ class DomainEvent(models.Model):
     trace_id = models.CharField(max_length=64)
     chain_depth = models.PositiveSmallIntegerField(default=0)
     parent_run_id = models.UUIDField(null=True, blank=True)
+    principal_ids = models.JSONField(default=list, blank=True)  # the people behind it (see Run)
     created_at = models.DateTimeField(auto_now_add=True)
     expires_at = models.DateTimeField()
     # POST /events' Idempotency-Key, unique per workspace while the event is kept.

@@ -39,7 +39,7 @@ def action_context(run: Run, step: dict[str, Any], attempt: int, key: str, timeo
         return events.publish(
             workspace_id=run.workspace_id, event_type=event_type, payload=payload, source=f"run:{run.pk}",
             trace_id=run.trace_id, chain_depth=run.chain_depth + 1, parent_run_id=str(run.pk),
-            actor=f"run:{run.pk}",
+            actor=f"run:{run.pk}", principal_ids=run.principal_ids,
         )  # fmt: skip
 
     def call_capability(capability_id: str, args: dict[str, Any]) -> Envelope:
@@ -108,6 +108,7 @@ def approval_gate(
             plan_hash=plan_hash(run.snapshot, step_key, config),
             requested_by=run.triggered_by,
             last_editor_id=automation["updated_by_id"],
+            principal_ids=tuple(run.principal_ids or ()),
             extra={"autonomy": execution.get("autonomy", DEFAULT_AUTONOMY)},
             approvals_required=int(step.get("approvals_required", config.get("approvals_required", 1)) or 1),
             expires_in_seconds=int(execution.get("approval_timeout_seconds", 24 * 3600)),

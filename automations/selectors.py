@@ -27,3 +27,9 @@ def runs_visible_to(user) -> QuerySet[Run]:
 def run_with_steps(run: Run) -> list:
     """Step rows in plan order: one per step of the plan, then the on_failure steps that ran."""
     return list(run.steps.order_by("-phase", "index")) if run.pk else []
+
+
+def automation_workspace_and_editor(automation_id) -> tuple[int, int | None] | None:
+    """``(workspace id, last editor id)`` of an automation, None if there is none with that id."""
+    row = Automation.objects.filter(pk=automation_id).values_list("workspace_id", "updated_by_id").first()
+    return (row[0], row[1]) if row else None

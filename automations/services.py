@@ -55,6 +55,11 @@ class RunActionRefused(ServiceError):
     default_status = 409
 
 
+def _principal(user) -> list[int]:
+    """The user behind an action, as a run's principal id (none for a system action)."""
+    return [user.pk] if user is not None and user.is_authenticated else []
+
+
 def credential_names(workspace_id: int) -> set[str] | None:
     from capabilities.credentials import credential_names as names
 
@@ -168,7 +173,7 @@ def run_create(
     return dispatch(
         DispatchRequest(
             automation_id=automation.pk, inputs=inputs, trigger_type="manual", triggered_by=writer.actor_for(user),
-            trigger_payload={}, dedupe=dedupe,
+            principal_ids=_principal(user), trigger_payload={}, dedupe=dedupe,
         )
     )  # fmt: skip
 
@@ -229,7 +234,7 @@ def run_rerun(*, run: Run, user=None, from_step: str | None = None) -> Run:
         workspace_id=run.workspace_id, automation_id=run.automation_id, automation_version=run.automation_version,
         snapshot=run.snapshot, inputs=run.inputs, trigger_type=run.trigger_type, trigger_key=run.trigger_key,
         trigger_id=run.trigger_id, trigger_payload=run.trigger_payload, triggered_by=writer.actor_for(user),
-        trace_id=uuid.uuid4().hex, parent_run=run, queue=run.queue, concurrency_key=run.concurrency_key,
+        principal_ids=sorted({*run.principal_ids, *_principal(user)}), trace_id=uuid.uuid4().hex, parent_run=run, queue=run.queue, concurrency_key=run.concurrency_key,
         step_index=start, context=context, enqueued_at=timezone.now(),
     )  # fmt: skip
     for step_run in run.steps.filter(phase="plan", index__lt=start):

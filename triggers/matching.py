@@ -139,6 +139,7 @@ def _match_one(event: Event, trigger: Trigger) -> str | None:
             DispatchRequest(
                 automation_id=trigger.automation_id, inputs=inputs, trigger_type="event", trigger_key=trigger.key,
                 trigger_id=trigger.pk, trigger_payload=document, triggered_by=f"event:{event.event_type}",
+                principal_ids=event.principal_ids,
                 dedupe=Dedupe(scope=f"trigger:{trigger.pk}", key=f"event:{event.id}"), trace_id=event.trace_id,
                 parent_run_id=event.parent_run_id, chain_depth=event.chain_depth,
             )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import uuid
 
+from django.conf import settings
 from django.db import models
 from django_celery_beat.models import PeriodicTask
 
@@ -37,6 +38,10 @@ class Trigger(models.Model):
     token_hash = models.CharField(max_length=64, null=True, blank=True, unique=True)
     token_created_at = models.DateTimeField(null=True, blank=True)
     token_revoked_at = models.DateTimeField(null=True, blank=True)
+    # Who rotated the current token in: a fire with it is their doing, for four-eyes.
+    token_rotated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
     # Standard Webhooks signing secret ("whsec_..."), Fernet-encrypted like credentials.
     signing_secret_encrypted = models.TextField(blank=True, default="")
     signing_secret_created_at = models.DateTimeField(null=True, blank=True)

@@ -177,7 +177,9 @@ def trigger_token_rotate(*, trigger: Trigger, user=None) -> str:
     trigger.token_hash = token_hash(token)
     trigger.token_created_at = timezone.now()
     trigger.token_revoked_at = None
-    trigger.save(update_fields=["token_hash", "token_created_at", "token_revoked_at", "updated_at"])
+    trigger.token_rotated_by = user if user is not None and user.is_authenticated else None
+    trigger.save(update_fields=["token_hash", "token_created_at", "token_revoked_at", "token_rotated_by",
+                                "updated_at"])  # fmt: skip
     _audit(trigger, "trigger.token_rotated", "webhook token rotated" if had_token else "webhook token created",
            user=user, secrets=[token], payload={"replaced_previous": had_token})  # fmt: skip
     return token

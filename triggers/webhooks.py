@@ -156,6 +156,13 @@ def _authenticate(request: FireRequest) -> tuple[Trigger | None, str, str | None
     return trigger, "", token
 
 
+def webhook_principals(trigger: Trigger) -> tuple[int, ...]:
+    """The people behind a fire, for four-eyes: who rotated the token in, who owns the automation."""
+    return tuple(
+        pk for pk in (trigger.token_rotated_by_id, trigger.automation.created_by_id) if pk is not None
+    )
+
+
 # --- rate limit -----------------------------------------------------------------------
 
 
@@ -409,6 +416,7 @@ def _fire(trigger: Trigger, request: FireRequest, now: datetime) -> DispatchResu
                     automation_id=trigger.automation_id, inputs=inputs, trigger_type="webhook",
                     trigger_key=trigger.key, trigger_id=trigger.pk, trigger_payload=body,
                     triggered_by=f"webhook:{trigger.key}", dedupe=dedupe, last_fired_at=trigger.last_fired_at,
+                    principal_ids=webhook_principals(trigger),
                 )
             )  # fmt: skip
             if result.created:

@@ -197,6 +197,7 @@ class EventPublish(APIView):
             workspace_id=workspace.id, event_type=data.validated_data["event_type"],
             payload=data.validated_data["payload"], source="api", actor=f"user:{request.user.get_username()}",
             idempotency_key=key, request_hash=request_hash(request.data) if key is not None else "",
+            principal_ids=[request.user.pk],
         )  # fmt: skip
         return Response({"event_id": published.event_id}, status=202 if published.created else 200)
 
