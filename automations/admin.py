@@ -6,11 +6,20 @@ import json
 
 from django import forms
 from django.contrib import admin, messages
+from django.http import Http404
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
 from django.utils.html import format_html, format_html_join
 
+from capabilities import llm
+from config.errors import ServiceError
+from workspaces.access import workspaces_for
+from workspaces.models import Permission, Workspace
+
 from . import services
+from .authoring import drafts
 from .dispatcher import DispatchError
-from .models import Automation, AutomationVersion, DomainEvent, Run, StepRun
+from .models import Automation, AutomationVersion, DomainEvent, Draft, Run, StepRun
 
 
 class DefinitionField(forms.JSONField):
@@ -207,3 +216,102 @@ class DomainEventAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+
+class DraftPromptForm(forms.Form):
+    workspace = forms.ModelChoiceField(queryset=Workspace.objects.none())
+    automation = forms.ModelChoiceField(
+        queryset=Automation.objects.none(), required=False,
+        help_text="Optional: edit this automation (the draft shows a diff against its current version).",
+    )  # fmt: skip
+    prompt = forms.CharField(
+        max_length=drafts.MAX_PROMPT_CHARS,
+        widget=forms.Textarea(attrs={"rows": 4, "cols": 100}),
+        help_text="e.g. every weekday at 9 post yesterday's failed runs to our webhook",
+    )
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        operable = workspaces_for(user, Permission.OPERATE)
+        self.fields["workspace"].queryset = operable
+        self.fields["automation"].queryset = Automation.objects.filter(workspace__in=operable)
+
+    def clean(self):
+        cleaned = super().clean()
+        automation, workspace = cleaned.get("automation"), cleaned.get("workspace")
+        if automation is not None and workspace is not None and automation.workspace_id != workspace.id:
+            raise forms.ValidationError("that automation is in another workspace")
+        return cleaned
+
+
+@admin.register(Draft)
+class DraftAdmin(admin.ModelAdmin):
+    """ "New from a sentence": prompt → review (summary, flags, definition or diff) → Save or Discard."""
+
+    list_display = [
+        "created_at",
+        "workspace",
+        "status",
+        "short_prompt",
+        "model",
+        "rounds",
+        "cost_usd",
+        "expires_at",
+    ]
+    list_filter = ["status"]
+    search_fields = ["prompt", "id"]
+    change_list_template = "admin/automations/draft/change_list.html"
+
+    def get_queryset(self, request):
+        queryset = super().get_queryset(request).select_related("workspace", "automation")
+        if request.user.is_superuser:
+            return queryset
+        return queryset.filter(workspace__in=workspaces_for(request.user, Permission.VIEW).values("id"))
+
+    @admin.display(description="prompt")
+    def short_prompt(self, draft: Draft) -> str:
+        return draft.prompt[:80]
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def _page(self, request, template: str, **context):
+        return TemplateResponse(request, f"admin/automations/draft/{template}",
+                                {**self.admin_site.each_context(request), "opts": self.model._meta, **context})  # fmt: skip
+
+    def add_view(self, request, form_url="", extra_context=None):
+        form = DraftPromptForm(request.POST or None, user=request.user)
+        context = {"configured": llm.llm_config() is not None, "form": form, "title": "New from a sentence"}
+        if request.method == "POST" and context["configured"] and form.is_valid():
+            try:
+                draft = drafts.draft_create(workspace=form.cleaned_data["workspace"], user=request.user,
+                                            prompt=form.cleaned_data["prompt"],
+                                            automation=form.cleaned_data["automation"])  # fmt: skip
+            except ServiceError as exc:
+                context.update(error=f"{exc.code}: {exc.message}", problems=exc.errors or [])
+            else:
+                return redirect("admin:automations_draft_change", draft.pk)
+        return self._page(request, "new.html", **context)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        draft = self.get_queryset(request).filter(pk=object_id).first()
+        if draft is None:
+            raise Http404("draft not found")
+        context: dict = {"draft": draft, "title": f"Draft: {draft.prompt[:60]}",
+                         "pretty": json.dumps(draft.definition, indent=2, ensure_ascii=False)}  # fmt: skip
+        if request.method == "POST":
+            try:
+                if "_save_draft" in request.POST:
+                    automation = drafts.draft_save(draft=draft, user=request.user)
+                    self.message_user(request, f"saved as {automation.name} (version {automation.version})")
+                    return redirect("admin:automations_automation_change", automation.pk)
+                if "_discard_draft" in request.POST:
+                    drafts.draft_discard(draft=draft, user=request.user)
+                    self.message_user(request, "draft discarded")
+                    return redirect("admin:automations_draft_changelist")
+            except ServiceError as exc:
+                context.update(error=f"{exc.code}: {exc.message}", problems=exc.errors or [])
+        return self._page(request, "review.html", **context)

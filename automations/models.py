@@ -235,3 +235,51 @@ class DomainEvent(models.Model):
 
     def __str__(self) -> str:
         return self.event_type
+
+
+class DraftStatus(models.TextChoices):
+    READY = "ready"
+    SAVED = "saved"
+    DISCARDED = "discarded"
+
+
+class Draft(models.Model):
+    """A definition an LLM proposed from a sentence (SPEC §10): transient until a human saves it.
+
+    Nothing here runs: a draft becomes an automation (or a new version of
+    ``automation``) only through ``authoring.draft_save``.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="drafts")
+    automation = models.ForeignKey(
+        Automation, null=True, blank=True, on_delete=models.CASCADE, related_name="drafts",
+        help_text="the automation this draft edits; after saving, the automation it saved to",
+    )  # fmt: skip
+    base_version = models.PositiveIntegerField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=DraftStatus.choices, default=DraftStatus.READY)
+    prompt = models.TextField()
+    prompt_sha256 = models.CharField(max_length=64)
+    model = models.CharField(max_length=200)
+    definition = models.JSONField()
+    rounds = models.PositiveSmallIntegerField(default=1)
+    summary = models.TextField(blank=True)
+    flags = models.JSONField(default=list)
+    diff = models.TextField(blank=True)
+    usage = models.JSONField(default=dict)
+    cost_usd = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    saved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    saved_version = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"draft {self.pk}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from . import events, executor, services
+from .authoring.drafts import drafts_purge_expired
 
 
 @shared_task(name="autoplane.execute_run", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
@@ -37,4 +38,4 @@ def sweep_runs() -> dict[str, int]:
 def purge_expired() -> int:
     from .dispatcher import purge_dispatch_keys
 
-    return events.purge_expired() + purge_dispatch_keys()
+    return events.purge_expired() + purge_dispatch_keys() + drafts_purge_expired()

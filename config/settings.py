@@ -9,6 +9,7 @@ Every variable is listed in ``.env.example``.
 from __future__ import annotations
 
 import secrets
+from decimal import Decimal
 from pathlib import Path
 
 import environ
@@ -202,9 +203,43 @@ AUTOPLANE_RELAY_AFTER_SECONDS = env.float("AUTOPLANE_RELAY_AFTER_SECONDS", defau
 # /healthz and /metrics (restarts, crash-looping children). Empty: not under `up`.
 AUTOPLANE_SUPERVISOR_STATE_FILE = env.str("AUTOPLANE_SUPERVISOR_STATE_FILE", default="")
 
+# --- LLM (drafting automations, agent_task; docs/llm.md) ---------------------------
+# An OpenAI-compatible chat-completions server. Unset base URL or model: every LLM
+# feature answers 503 LLM_NOT_CONFIGURED and everything else works.
 LLM_BASE_URL = env.str("LLM_BASE_URL", default="")
 LLM_MODEL = env.str("LLM_MODEL", default="")
 LLM_API_KEY = env.str("LLM_API_KEY", default="")
+LLM_TIMEOUT_SECONDS = env.float("LLM_TIMEOUT_SECONDS", default=60.0)
+LLM_MAX_RETRIES = env.int("LLM_MAX_RETRIES", default=2)
+LLM_RETRY_BASE_SECONDS = env.float("LLM_RETRY_BASE_SECONDS", default=0.5)
+LLM_MAX_RESPONSE_BYTES = env.int("LLM_MAX_RESPONSE_BYTES", default=256 * 1024)
+LLM_DRAFT_TTL_SECONDS = env.int("LLM_DRAFT_TTL_SECONDS", default=24 * 3600)
+if LLM_TIMEOUT_SECONDS <= 0 or LLM_MAX_RETRIES < 0 or LLM_RETRY_BASE_SECONDS < 0:
+    raise ImproperlyConfigured(
+        "LLM_TIMEOUT_SECONDS must be > 0, LLM_MAX_RETRIES and LLM_RETRY_BASE_SECONDS >= 0"
+    )
+if LLM_MAX_RESPONSE_BYTES < 1024 or LLM_DRAFT_TTL_SECONDS < 60:
+    raise ImproperlyConfigured("LLM_MAX_RESPONSE_BYTES must be >= 1024 and LLM_DRAFT_TTL_SECONDS >= 60")
+
+
+def _llm_prices(entries: list[str]) -> dict[str, tuple[Decimal, Decimal]]:
+    """``MODEL=INPUT:OUTPUT`` entries, USD per million tokens; ``*`` prices any other model."""
+    prices = {}
+    for entry in entries:
+        model, _, pair = entry.strip().rpartition("=")
+        try:
+            price = tuple(Decimal(part) for part in pair.split(":"))
+        except ArithmeticError:
+            price = ()
+        if not model or len(price) != 2 or not all(p.is_finite() and p >= 0 for p in price):
+            raise ImproperlyConfigured(
+                f"LLM_PRICES entry {entry!r} is not MODEL=INPUT:OUTPUT (USD per 1M tokens)"
+            )
+        prices[model.strip()] = price
+    return prices
+
+
+LLM_PRICES = _llm_prices(env.list("LLM_PRICES", default=[]))
 
 EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="autoplane@localhost")

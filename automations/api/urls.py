@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from . import views
+from . import drafts, views
 
 urlpatterns = [
     path("automations", views.AutomationList.as_view(), name="automation-list"),
@@ -15,6 +15,10 @@ urlpatterns = [
     path("runs/<uuid:pk>/rerun", views.RunRerun.as_view(), name="run-rerun"),
     path("runs/<uuid:pk>/resolve", views.RunResolve.as_view(), name="run-resolve"),
     path("events", views.EventPublish.as_view(), name="event-publish"),
+    path("drafts", drafts.DraftCreate.as_view(), name="draft-create"),
+    path("drafts/<uuid:pk>", drafts.DraftDetail.as_view(), name="draft-detail"),
+    path("drafts/<uuid:pk>/save", drafts.DraftSave.as_view(), name="draft-save"),
+    path("drafts/<uuid:pk>/discard", drafts.DraftDiscard.as_view(), name="draft-discard"),
     path("schema/definition", views.DefinitionSchema.as_view(), name="schema-definition"),
     path("schema/filter", views.FilterSchema.as_view(), name="schema-filter"),
 ]
