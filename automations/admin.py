@@ -6,6 +6,7 @@ import json
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
@@ -283,6 +284,8 @@ class DraftAdmin(admin.ModelAdmin):
                                 {**self.admin_site.each_context(request), "opts": self.model._meta, **context})  # fmt: skip
 
     def add_view(self, request, form_url="", extra_context=None):
+        if not self.has_add_permission(request):
+            raise PermissionDenied
         form = DraftPromptForm(request.POST or None, user=request.user)
         context = {"configured": llm.llm_config() is not None, "form": form, "title": "New from a sentence"}
         if request.method == "POST" and context["configured"] and form.is_valid():
@@ -298,6 +301,8 @@ class DraftAdmin(admin.ModelAdmin):
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         draft = self.get_queryset(request).filter(pk=object_id).first()
+        if not self.has_view_permission(request, draft):
+            raise PermissionDenied
         if draft is None:
             raise Http404("draft not found")
         context: dict = {"draft": draft, "title": f"Draft: {draft.prompt[:60]}",

@@ -7,6 +7,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
+from cryptography.fernet import Fernet
 
 from tests.llm_server import ScriptedLlmServer
 from workspaces.services import workspace_get_or_create
@@ -49,3 +50,9 @@ def no_llm(settings):
     settings.LLM_BASE_URL = ""
     settings.LLM_MODEL = ""
     settings.LLM_API_KEY = ""
+
+
+@pytest.fixture(autouse=True)
+def credential_key(settings) -> None:
+    """Credentials in these tests are encrypted under a key of the test's own."""
+    settings.AUTOPLANE_CREDENTIAL_KEYS = [Fernet.generate_key().decode()]
