@@ -3,6 +3,11 @@
 
 This handler is the one place a :class:`~config.errors.ServiceError` becomes a
 response: views call services and let their errors through, untranslated.
+
+A database that cannot be reached (down, restarting, connections killed) is a
+503 ``UNAVAILABLE`` with ``Retry-After``, never a 500: the request's transaction
+did not commit, so nothing was created and the client may simply send it again
+(with the same ``Idempotency-Key``).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import json
 import logging
 
 from django.core.exceptions import PermissionDenied
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpResponse
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -19,6 +25,8 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from .errors import ServiceError
 
 logger = logging.getLogger(__name__)
+
+DATABASE_RETRY_AFTER_SECONDS = 5
 
 
 _CODES = {
@@ -74,6 +82,15 @@ def service_error_response(exc: ServiceError) -> HttpResponse:
 def exception_handler(exc, context):
     if isinstance(exc, ServiceError):
         return service_error_response(exc)
+    if isinstance(exc, OperationalError | InterfaceError):
+        logger.warning("API request refused: the database is unavailable (%s)", type(exc).__name__)
+        return Response(
+            error_body(
+                "TEMPORARILY_UNAVAILABLE", "the database is unavailable; nothing was done, retry later"
+            ),
+            status=status.HTTP_503_SERVICE_UNAVAILABLE,
+            headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)},
+        )
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
@@ -524,3 +524,34 @@ def test_a_replayed_signed_fire_is_one_run_whatever_its_idempotency_key(db, sign
     assert [r.status_code for r in replays] == [200, 200, 200]
     assert {r.json()["run_id"] for r in replays} == {first.json()["run_id"]}
     assert Run.objects.count() == 1
+
+
+# --- the database unavailable ------------------------------------------------------------------------
+
+
+def _database_down(execute, sql, params, many, context):
+    """What a killed or refused connection raises at the driver (fault injection at the DB boundary)."""
+    raise OperationalError("server closed the connection unexpectedly")
+
+
+@pytest.mark.parametrize("fails_at", ["INSERT", "SELECT"])
+def test_a_fire_while_the_database_is_unavailable_is_503_with_retry_after_and_creates_nothing(
+    db, hook, fails_at
+):
+    automation, _, token = hook()
+
+    def down(execute, sql, params, many, context):
+        if sql.lstrip().upper().startswith(fails_at):
+            _database_down(execute, sql, params, many, context)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(down):
+        response = fire(APIClient(), automation.pk, {"a": 1}, token=token, HTTP_IDEMPOTENCY_KEY="k-1")
+
+    assert response.status_code == 503
+    assert response["Retry-After"] == "5"
+    assert response.json()["error"]["code"] == "TEMPORARILY_UNAVAILABLE"
+    assert "server closed" not in response.content.decode()
+    assert not Run.objects.exists()
+    retried = fire(APIClient(), automation.pk, {"a": 1}, token=token, HTTP_IDEMPOTENCY_KEY="k-1")
+    assert retried.status_code == 202
