@@ -25,6 +25,7 @@ from jsonschema.exceptions import SchemaError
 
 from audit import writer
 from audit.models import Outcome
+from config.celery import app
 from config.errors import ServiceError
 from workspaces.access import has_permission
 from workspaces.models import Permission, Workspace
@@ -70,8 +71,6 @@ def _refs(approval: Approval) -> dict[str, str]:
 
 
 def _resume_on_commit(run_id: Any, reason: str) -> None:
-    from config.celery import app
-
     run, why = str(run_id), reason
     transaction.on_commit(lambda: app.send_task(RESUME_TASK, args=[run, why]))
 

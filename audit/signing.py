@@ -131,11 +131,7 @@ def _retired_paths() -> list[Path]:
 
 
 def _autogenerate() -> bool:
-    return bool(
-        getattr(
-            settings, "AUTOPLANE_SIGNING_KEY_AUTOGENERATE", getattr(settings, "DATABASE_IS_SQLITE", False)
-        )
-    )
+    return bool(settings.AUTOPLANE_SIGNING_KEY_AUTOGENERATE)
 
 
 def generate_key_file(path: Path | str, force: bool = False) -> Ed25519PrivateKey:

@@ -208,7 +208,7 @@ def _append_postgresql(connection, fields: dict[str, Any]) -> AuditEvent:
         "p2": p2,
         "p3": p3,
     }
-    prepare = bool(getattr(settings, "AUTOPLANE_AUDIT_PREPARED_STATEMENTS", True))
+    prepare = bool(settings.AUTOPLANE_AUDIT_PREPARED_STATEMENTS)
     with connection.wrap_database_errors, _pg_cursor(connection) as cursor:
         cursor.execute(_PG_APPEND, params, prepare=prepare)
         row = cursor.fetchone()

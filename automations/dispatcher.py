@@ -3,9 +3,9 @@
 1. resolve inputs (payload, defaults incl. ``$`` tokens) and validate them;
 2. estimate cost and refuse above ``budget_cap_usd``;
 3. dedupe (idempotency key / schedule slot);
-4. apply the concurrency policy under a row lock on the automation;
+4. apply the concurrency policy (``concurrency.admit``, under a row lock on the automation);
 5. snapshot the definition into a new Run (``queued``, with a ``trace_id``);
-6. enqueue ``execute_run`` after commit on the run's duration-class queue.
+6. queue it (``enqueue.run_enqueue``: after commit, on the run's duration-class queue).
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ from config.celery import QUEUE_FAST, QUEUE_LONG, QUEUE_MEDIUM
 from config.errors import ServiceError
 
 from . import definition as defs
+from .concurrency import Admission, admit
+from .enqueue import run_enqueue
 from .expressions import template
-from .models import ACTIVE_RUN_STATUSES, Automation, DispatchKey, Run, RunStatus
+from .models import Automation, DispatchKey, Run, RunStatus
 
 logger = logging.getLogger(__name__)
 
@@ -184,20 +186,10 @@ def dispatch(request: DispatchRequest) -> DispatchResult:
             replay = _claim_dedupe(request.dedupe)
             if replay is not None:
                 return replay
-        policy = execution.get("concurrency", "allow_parallel")
-        max_concurrent = execution.get("max_concurrent", 1 if policy != "allow_parallel" else None)
-        if max_concurrent is not None:
-            # Counting active runs and adding one must not interleave with another
-            # dispatch. NO KEY UPDATE serialises dispatchers without blocking the
-            # foreign-key checks of transactions that insert this automation's runs.
-            automation = Automation.objects.select_for_update(no_key=True).get(pk=automation.pk)
-            snapshot = automation.definition
-        active = Run.objects.filter(
-            automation=automation, concurrency_key=concurrency_key, status__in=ACTIVE_RUN_STATUSES
-        )
-        active_count = active.count() if max_concurrent is not None else 0
+        admission, automation = admit(automation, concurrency_key)
+        snapshot = automation.definition
         actor_refs = {"automation": str(automation.pk), "trigger": str(request.trigger_id or "")}
-        if policy == "drop_if_running" and active_count >= max_concurrent:
+        if admission == Admission.DROP:
             writer.append(
                 trace_id=trace_id, type="run.suppressed", outcome=Outcome.SUPPRESSED,
                 summary=f"{automation.name}: dropped, a run is already active (drop_if_running)",
@@ -207,9 +199,7 @@ def dispatch(request: DispatchRequest) -> DispatchResult:
             if request.dedupe is not None:
                 DispatchKey.objects.filter(scope=request.dedupe.scope, key=request.dedupe.key).delete()
             return DispatchResult(run=None, suppressed=True)
-        hold = max_concurrent is not None and (
-            active_count >= max_concurrent or active.filter(enqueued_at__isnull=True).exists()
-        )
+        hold = admission == Admission.HOLD
         now = timezone.now()
         run = Run.objects.create(
             workspace_id=automation.workspace_id,
@@ -243,15 +233,8 @@ def dispatch(request: DispatchRequest) -> DispatchResult:
                      "queue": run.queue, "inputs": inputs, "held": hold},
         )  # fmt: skip
         if not hold:
-            enqueue_on_commit(run)
+            run_enqueue(run)
     return DispatchResult(run=run, created=True)
-
-
-def enqueue_on_commit(run: Run, countdown: float | None = None) -> None:
-    from .tasks import execute_run
-
-    run_id, queue = str(run.pk), run.queue
-    transaction.on_commit(lambda: execute_run.apply_async(args=[run_id], queue=queue, countdown=countdown))
 
 
 def purge_dispatch_keys() -> int:

@@ -43,6 +43,8 @@ from capabilities.base import Capability, Envelope, ErrorCode, StepFailure
 
 from . import definition as defs
 from . import events, runtime
+from .concurrency import run_settled
+from .enqueue import run_wake_at
 from .expressions import template
 from .models import FINAL_RUN_STATUSES, Run, RunStatus, StepRun, StepStatus
 from .transitions import check_transition
@@ -258,7 +260,7 @@ class Executor:
             self._audit(
                 "run.needs_attention", "run needs an operator to resolve an unknown outcome", Outcome.FAILURE
             )
-        runtime.run_settled(self.run)
+        run_settled(self.run)
         return False
 
     def _stop_requested(self) -> bool:
@@ -515,7 +517,7 @@ class Executor:
         with transaction.atomic(savepoint=False):
             self._update_run(status=RunStatus.WAITING, wake_at=wake_at, claimed_by="", lease_expires_at=None)
             self._audit("run.waiting", f"waiting until {wake_at.isoformat()}", refs={"step": step["step_id"]})
-        runtime.schedule_wake(self.run, wake_at)
+        run_wake_at(self.run, wake_at)
         return Parked(RunStatus.WAITING, wake_at)
 
     def _step_failed(self, step_run, step, attempt, envelope: Envelope, config=None, started=False,
@@ -546,7 +548,7 @@ class Executor:
                             Outcome.FAILURE, refs={"step": step_id},
                             payload={"error": error, "attempt": attempt, "delay_seconds": delay})  # fmt: skip
         if retry:
-            runtime.schedule_wake(self.run, wake_at)
+            run_wake_at(self.run, wake_at)
             return Parked(RunStatus.WAITING, wake_at)
         with transaction.atomic(savepoint=False):
             self._audit("step.failed", f"{step_id} failed: {error['code']}", Outcome.FAILURE, refs={"step": step_id},
@@ -601,7 +603,7 @@ class Executor:
                              "automation_name": self.snapshot.get("name"), "run_id": str(self.run.pk),
                              "status": status, "output": output, "error": error},
                 )  # fmt: skip
-        runtime.run_settled(self.run)
+        run_settled(self.run)
 
 
 _validators: dict[str, Draft202012Validator] = {}
@@ -619,7 +621,7 @@ def idempotency_key(run_id: str, step_id: str, attempt: int, config: Any) -> str
 
 
 def backoff_seconds(kind: str, attempt: int) -> float:
-    base = float(getattr(settings, "AUTOPLANE_RETRY_BASE_SECONDS", 2.0))
+    base = float(settings.AUTOPLANE_RETRY_BASE_SECONDS)
     if kind == "none":
         delay = 0.0
     elif kind == "linear":

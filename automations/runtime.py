@@ -4,24 +4,17 @@ the approval gate, timers, and releasing runs queued behind a finished one."""
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime, timedelta
 from typing import Any
-
-from django.db import transaction
-from django.utils import timezone
 
 from approvals import gate as approval_gates
 from audit import writer
 from capabilities import registry
 from capabilities.base import ActionContext, Capability, Envelope, Risk
+from capabilities.credentials import credential_resolve
 
 from . import events
 from .definition import DEFAULT_AUTONOMY
-from .models import ACTIVE_RUN_STATUSES, Automation, Run, RunStatus, StepRun
-
-# Timers longer than this are left to the sweeper instead of a broker countdown,
-# so a message never sits in the broker past its visibility timeout.
-MAX_COUNTDOWN = timedelta(minutes=15)
+from .models import Automation, Run, StepRun
 
 
 def action_context(run: Run, step: dict[str, Any], attempt: int, key: str, timeout: float) -> ActionContext:
@@ -29,8 +22,6 @@ def action_context(run: Run, step: dict[str, Any], attempt: int, key: str, timeo
     workspace = run.workspace
 
     def resolve_credential(name: str) -> dict[str, Any]:
-        from capabilities.credentials import credential_resolve
-
         value, secret_values = credential_resolve(workspace_id=run.workspace_id, name=name)
         secrets.extend(secret_values)
         return value
@@ -126,39 +117,3 @@ def approval_gate(
             trace_id=run.trace_id, chain_depth=run.chain_depth + 1, parent_run_id=str(run.pk),
         )  # fmt: skip
     return verdict
-
-
-def schedule_wake(run: Run, wake_at: datetime) -> None:
-    """Re-enqueue a parked run when its timer is due (short timers only; the sweeper does the rest)."""
-    delay = (wake_at - timezone.now()).total_seconds()
-    if delay <= MAX_COUNTDOWN.total_seconds():
-        from .tasks import execute_run
-
-        run_id, queue = str(run.pk), run.queue
-        transaction.on_commit(
-            lambda: execute_run.apply_async(args=[run_id], queue=queue, countdown=max(0.0, delay))
-        )
-
-
-def run_settled(run: Run) -> None:
-    """A run stopped being active: let the next run queued behind it start."""
-    execution = run.snapshot.get("execution") or {}
-    policy = execution.get("concurrency", "allow_parallel")
-    max_concurrent = execution.get("max_concurrent", 1 if policy != "allow_parallel" else None)
-    if max_concurrent is None:
-        return
-    from .dispatcher import enqueue_on_commit
-
-    with transaction.atomic():
-        Automation.objects.select_for_update(no_key=True).filter(pk=run.automation_id).first()
-        same = Run.objects.filter(automation_id=run.automation_id, concurrency_key=run.concurrency_key)
-        active = same.filter(status__in=ACTIVE_RUN_STATUSES, enqueued_at__isnull=False).count()
-        free = max_concurrent - active
-        if free <= 0:
-            return
-        held = list(
-            same.filter(status=RunStatus.QUEUED, enqueued_at__isnull=True).order_by("created_at")[:free]
-        )
-        for next_run in held:
-            Run.objects.filter(pk=next_run.pk).update(enqueued_at=timezone.now())
-            enqueue_on_commit(next_run)

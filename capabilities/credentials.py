@@ -33,6 +33,7 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
@@ -44,6 +45,7 @@ from audit import writer
 from audit.models import Outcome
 from config.errors import ServiceError
 
+from . import egress
 from .base import ErrorCode, StepFailure
 from .models import Credential, CredentialKind
 
@@ -428,8 +430,6 @@ def _fresh_oauth2(credential: Credential, secret: dict[str, str], *, trace_id: s
 def _request_token(
     credential: Credential, secret: Mapping[str, str]
 ) -> tuple[dict[str, str], datetime | None]:
-    from . import egress
-
     metadata = credential.metadata
     form = {
         "grant_type": "refresh_token",
@@ -487,8 +487,6 @@ def _request_token(
 
 
 def _quote(value: str) -> str:
-    from urllib.parse import quote
-
     return quote(value, safe="")
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import httpcore
 import httpx
+from django.conf import settings
 
 from .base import ErrorCode, StepFailure
 
@@ -41,9 +42,7 @@ _CGNAT = ipaddress.ip_network("100.64.0.0/10")
 
 
 def deployment_allowlist() -> tuple[str, ...]:
-    from django.conf import settings
-
-    return tuple(getattr(settings, "AUTOPLANE_EGRESS_ALLOWLIST", ()) or ())
+    return tuple(settings.AUTOPLANE_EGRESS_ALLOWLIST or ())
 
 
 def effective_allowlist(workspace_allowlist: Iterable[str]) -> tuple[str, ...]:

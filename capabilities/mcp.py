@@ -43,8 +43,9 @@ from audit.models import Outcome
 from audit.redaction import redact
 from config.errors import ServiceError
 
-from . import mcp_client
+from . import egress, mcp_client
 from .base import ActionContext, Capability, Envelope, ErrorCode, Risk, SideEffect, StepFailure
+from .credentials import credential_resolve
 from .models import Credential, CredentialKind, McpServer, McpTool, McpToolStatus, McpTransport, RiskLevel
 
 logger = logging.getLogger(__name__)
@@ -238,9 +239,6 @@ def connection_for(server: McpServer, *, timeout: float, secrets: list[str], tra
 
     Every secret value resolved is appended to ``secrets`` (the caller redacts with it).
     """
-    from . import egress
-    from .credentials import credential_resolve
-
     value: dict[str, Any] | None = None
     if server.credential_id is not None:
         value, resolved = credential_resolve(

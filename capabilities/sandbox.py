@@ -478,9 +478,9 @@ def backend_from_settings() -> SandboxBackend:
         return get_backend(name)
     if not settings.configured:
         return get_backend(name)
-    name = getattr(settings, "AUTOPLANE_SANDBOX_BACKEND", name)
+    name = settings.AUTOPLANE_SANDBOX_BACKEND
     if name == "bubblewrap":
-        return BubblewrapBackend(bwrap=getattr(settings, "AUTOPLANE_BWRAP_PATH", None) or "bwrap")
+        return BubblewrapBackend(bwrap=settings.AUTOPLANE_BWRAP_PATH or "bwrap")
     return get_backend(name)
 
 

@@ -74,7 +74,7 @@ MAX_MISSED_AUDITED = 100
 
 
 def misfire_grace() -> timedelta:
-    return timedelta(seconds=getattr(settings, "AUTOPLANE_SCHEDULE_MISFIRE_GRACE_SECONDS", 300))
+    return timedelta(seconds=settings.AUTOPLANE_SCHEDULE_MISFIRE_GRACE_SECONDS)
 
 
 # --- cron slots -----------------------------------------------------------------

@@ -14,12 +14,14 @@ import secrets
 import uuid
 from typing import Any
 
+from cryptography.fernet import InvalidToken
 from django.db import transaction
 from django.utils import timezone
 
 from audit import writer
 from audit.models import Outcome
 from automations.models import Automation, AutomationStatus
+from capabilities.credentials import decrypt, encrypt
 from config.errors import ServiceError
 
 from . import schedules
@@ -203,8 +205,6 @@ def new_signing_secret() -> str:
 @transaction.atomic
 def trigger_signing_secret_rotate(*, trigger: Trigger, user=None) -> str:
     """A new Standard Webhooks signing secret (``whsec_...``), returned once, stored encrypted."""
-    from capabilities.credentials import encrypt
-
     trigger = _webhook(trigger)
     secret = new_signing_secret()
     had_secret = bool(trigger.signing_secret_encrypted)
@@ -219,10 +219,6 @@ def trigger_signing_secret_rotate(*, trigger: Trigger, user=None) -> str:
 
 def trigger_signing_secret(trigger: Trigger) -> str | None:
     """The decrypted signing secret, or None when there is none (or no key decrypts it)."""
-    from cryptography.fernet import InvalidToken
-
-    from capabilities.credentials import decrypt
-
     if not trigger.signing_secret_encrypted:
         return None
     try:

@@ -40,8 +40,7 @@ def signing_key_file(settings, tmp_path):
 
 @pytest.fixture(autouse=True)
 def sent(monkeypatch) -> list[tuple[str, list]]:
-    """Capture Celery messages: ``send_task`` (by name) and the engine's ``execute_run.apply_async``."""
-    from automations import tasks
+    """Capture Celery messages: every task is sent by name (``send_task``), the engine's runs included."""
     from config.celery import app
 
     messages: list[tuple[str, list]] = []
@@ -51,12 +50,7 @@ def sent(monkeypatch) -> list[tuple[str, list]]:
         with lock:
             messages.append((name, list(args or [])))
 
-    def apply_async(args=None, kwargs=None, **options):
-        with lock:
-            messages.append(("autoplane.execute_run", list(args or [])))
-
     monkeypatch.setattr(app, "send_task", send_task)
-    monkeypatch.setattr(tasks.execute_run, "apply_async", apply_async)
     return messages
 
 

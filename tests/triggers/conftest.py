@@ -56,5 +56,5 @@ def no_enqueue(monkeypatch):
     def _record(*args, **kwargs):
         sent.append((args, kwargs))
 
-    monkeypatch.setattr("automations.tasks.execute_run.apply_async", _record)
+    monkeypatch.setattr("automations.enqueue.publish_run", _record)
     return sent
