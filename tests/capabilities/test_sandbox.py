@@ -461,7 +461,7 @@ def test_subprocess_backend_runs_code_with_limits_and_minimal_env(monkeypatch):
 
 
 def test_backend_comes_from_settings_and_subprocess_only_by_name(settings):
-    del settings.AUTOPLANE_SANDBOX_BACKEND
+    settings.AUTOPLANE_SANDBOX_BACKEND = "bubblewrap"  # the default
     assert isinstance(backend_from_settings(), BubblewrapBackend)
 
     settings.AUTOPLANE_SANDBOX_BACKEND = "subprocess"

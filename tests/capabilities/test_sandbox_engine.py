@@ -293,7 +293,7 @@ def _where_am_i() -> dict:
 
 
 def test_code_runs_in_bubblewrap_unless_the_subprocess_backend_is_configured(workspace, sandbox, settings):
-    del settings.AUTOPLANE_SANDBOX_BACKEND  # the default
+    settings.AUTOPLANE_SANDBOX_BACKEND = "bubblewrap"  # the default
 
     isolated, _ = run_to_rest(workspace, _where_am_i())
     settings.AUTOPLANE_SANDBOX_BACKEND = "subprocess"
