@@ -34,6 +34,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from audit import writer
+from config.celery import app
 from config.errors import InvalidArgument, ServiceError
 
 from .models import DomainEvent
@@ -178,8 +179,6 @@ def publish_event(
 
 def send_delivery(event_id: str) -> bool:
     """Queue one delivery; a broker that is down is logged, not raised: the relay sends it later."""
-    from config.celery import app
-
     try:
         app.send_task(DELIVER_TASK, args=[event_id])
     except Exception as exc:  # kombu/redis raise several types; the event row is the record

@@ -18,11 +18,14 @@ from django.utils import timezone
 from approvals.services import approvals_invalidate_for_run
 from audit import writer
 from audit.models import Outcome
+from capabilities.credentials import credential_names
 from config.errors import InvalidArgument, ServiceError
 from workspaces.models import Workspace
 
 from . import definition as defs
-from .dispatcher import DispatchError, DispatchRequest, DispatchResult, dispatch, enqueue_on_commit
+from .concurrency import run_settled
+from .dispatcher import Dedupe, DispatchError, DispatchRequest, DispatchResult, dispatch, request_hash
+from .enqueue import publish_run, run_enqueue
 from .models import (
     ACTIVE_RUN_STATUSES,
     Automation,
@@ -58,12 +61,6 @@ class RunActionRefused(ServiceError):
 def _principal(user) -> list[int]:
     """The user behind an action, as a run's principal id (none for a system action)."""
     return [user.pk] if user is not None and user.is_authenticated else []
-
-
-def credential_names(workspace_id: int) -> set[str] | None:
-    from capabilities.credentials import credential_names as names
-
-    return names(workspace_id)
 
 
 def definition_check(definition: Any, workspace: Workspace) -> None:
@@ -163,8 +160,6 @@ def run_create(
     """A manual run ("Run now"): the same dispatcher as every trigger."""
     if not isinstance(inputs, dict):
         raise DispatchError("INVALID_ARGUMENT", "inputs must be a JSON object")
-    from .dispatcher import Dedupe, request_hash
-
     dedupe = None
     if idempotency_key:
         dedupe = Dedupe(
@@ -203,8 +198,6 @@ def run_cancel(*, run: Run, user=None) -> Run:
         actor=writer.actor_for(user), refs={"run": str(run.pk)},
     )  # fmt: skip
     if run.status != RunStatus.RUNNING:
-        from .runtime import run_settled
-
         transaction.on_commit(lambda: run_settled(run))
     run.refresh_from_db()
     return run
@@ -249,7 +242,7 @@ def run_rerun(*, run: Run, user=None, from_step: str | None = None) -> Run:
             summary=f"run {new.pk} re-runs {run.pk}" + (f" from step {from_step}" if from_step else ""),
             workspace_id=run.workspace_id, actor=writer.actor_for(user), refs={"run": str(new.pk), "parent_run": str(run.pk)},
         )  # fmt: skip
-    enqueue_on_commit(new)
+    run_enqueue(new)
     return new
 
 
@@ -300,10 +293,8 @@ def run_resolve(*, run: Run, resolution: str, user=None, reason: str = "", outpu
     )  # fmt: skip
     run.refresh_from_db()
     if run.status == RunStatus.QUEUED:
-        enqueue_on_commit(run)
+        run_enqueue(run)
     else:
-        from .runtime import run_settled
-
         transaction.on_commit(lambda: run_settled(run))
     return run
 
@@ -318,7 +309,7 @@ def run_resume(*, run_id: str, reason: str = "approval decided") -> bool:
         run = Run.objects.get(pk=run_id)
         writer.append(trace_id=run.trace_id, type="run.resumed", summary=f"run resumed: {reason}",
                       workspace_id=run.workspace_id, refs={"run": str(run.pk)})  # fmt: skip
-        enqueue_on_commit(run)
+        run_enqueue(run)
     return bool(updated)
 
 
@@ -329,10 +320,8 @@ def runs_sweep() -> dict[str, int]:
     loses messages, never runs. Re-enqueueing is harmless because execution
     starts with a claim.
     """
-    from .tasks import execute_run
-
     now = timezone.now()
-    requeue_after = timedelta(seconds=getattr(settings, "AUTOPLANE_REQUEUE_AFTER_SECONDS", 300))
+    requeue_after = timedelta(seconds=settings.AUTOPLANE_REQUEUE_AFTER_SECONDS)
     counts = {"lease_expired": 0, "due": 0, "lost_messages": 0}
     lease_expired = Run.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now)
     due = Run.objects.filter(status=RunStatus.WAITING, wake_at__lte=now - timedelta(seconds=2))
@@ -342,6 +331,6 @@ def runs_sweep() -> dict[str, int]:
             if name == "lost_messages":
                 # Bump the stamp so the next sweep does not queue it yet again.
                 Run.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(enqueued_at=now)
-            execute_run.apply_async(args=[str(run_id)], queue=queue)
+            publish_run(str(run_id), queue)
             counts[name] += 1
     return counts

@@ -7,6 +7,7 @@ from celery import shared_task
 
 from . import events, executor, services
 from .authoring.drafts import drafts_purge_expired
+from .dispatcher import purge_dispatch_keys
 
 
 @shared_task(name="autoplane.execute_run", acks_late=True, reject_on_worker_lost=True, ignore_result=True)
@@ -36,6 +37,4 @@ def sweep_runs() -> dict[str, int]:
 
 @shared_task(name="autoplane.purge_expired", ignore_result=True)
 def purge_expired() -> int:
-    from .dispatcher import purge_dispatch_keys
-
     return events.purge_expired() + purge_dispatch_keys() + drafts_purge_expired()

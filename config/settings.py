@@ -193,6 +193,22 @@ if AUTOPLANE_SANDBOX_BACKEND not in ("bubblewrap", "subprocess"):
 # A run whose worker stopped heartbeating for this long is re-enqueued by the sweeper.
 AUTOPLANE_RUN_LEASE_SECONDS = env.int("AUTOPLANE_RUN_LEASE_SECONDS", default=60)
 AUTOPLANE_SWEEP_SECONDS = env.int("AUTOPLANE_SWEEP_SECONDS", default=15)
+# A queued run whose message has not been taken this long is sent again by the sweep
+# (its message was lost: a flushed or restarted broker). Too short re-sends messages
+# that are merely waiting behind a busy queue (harmless: execution starts with a claim).
+AUTOPLANE_REQUEUE_AFTER_SECONDS = env.int("AUTOPLANE_REQUEUE_AFTER_SECONDS", default=300)
+# First delay of a retried step; linear backoff multiplies it by the attempt, exponential
+# doubles it per attempt (capped at 300 s, with ±20 % jitter).
+AUTOPLANE_RETRY_BASE_SECONDS = env.float("AUTOPLANE_RETRY_BASE_SECONDS", default=2.0)
+# A schedule slot found this late (beat was down) still fires; older slots follow catch_up.
+AUTOPLANE_SCHEDULE_MISFIRE_GRACE_SECONDS = env.int("AUTOPLANE_SCHEDULE_MISFIRE_GRACE_SECONDS", default=300)
+for _name in (
+    "AUTOPLANE_REQUEUE_AFTER_SECONDS",
+    "AUTOPLANE_RETRY_BASE_SECONDS",
+    "AUTOPLANE_SCHEDULE_MISFIRE_GRACE_SECONDS",
+):
+    if globals()[_name] < 0:
+        raise ImproperlyConfigured(f"{_name} must not be negative")
 # The relay (beat, every RELAY_SECONDS) sends again what was committed but never
 # reached the broker, or was lost in it: events undelivered RELAY_AFTER_SECONDS
 # after their last send. See docs/operations.md, "Intervals".
