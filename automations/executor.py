@@ -22,6 +22,7 @@ import logging
 import os
 import random
 import socket
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -46,6 +47,7 @@ from . import events, runtime
 from .concurrency import run_settled
 from .enqueue import run_wake_at
 from .expressions import template
+from .lease import LeaseKeeper
 from .models import FINAL_RUN_STATUSES, Run, RunStatus, StepRun, StepStatus
 from .transitions import check_transition
 
@@ -444,11 +446,14 @@ class Executor:
                             payload={"action": step["action"], "idempotency_key": key})  # fmt: skip
             started = True
         ctx = runtime.action_context(self.run, step, attempt, key, timeout)
+        # However long the handler runs, with or without side effects, this worker keeps the run.
+        keeper = nullcontext() if self.batching else LeaseKeeper(str(self.run.pk), self.me)
         try:
-            if step["action"] == "call_capability":
-                envelope = capability.handler(ctx, config.get("args") or {})
-            else:
-                envelope = registry.get_action(step["action"]).handler(ctx, config)
+            with keeper:
+                if step["action"] == "call_capability":
+                    envelope = capability.handler(ctx, config.get("args") or {})
+                else:
+                    envelope = registry.get_action(step["action"]).handler(ctx, config)
         except StepFailure as exc:
             if exc.detail:
                 logger.info("step %s failed: %s", step_id, exc.detail)

@@ -3,9 +3,12 @@ cancel, concurrency policies, re-run and resolve — each proven by behaviour.""
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from audit.models import AuditEvent
@@ -314,3 +317,36 @@ def test_cancelling_a_run_awaiting_approval_closes_its_approval(workspace, drive
     services.run_cancel(run=run)
     assert Run.objects.get(pk=run.pk).status == RunStatus.CANCELLED
     assert Approval.objects.get(pk=approval.pk).status == "invalidated"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_step_without_side_effects_longer_than_the_lease_keeps_its_run(workspace, http_server, settings):
+    settings.AUTOPLANE_RUN_LEASE_SECONDS = 1
+    http_server.block = threading.Event()
+    get = {"step_id": "slow", "action": "http_request", "config": {"method": "GET", "url": http_server.url}}
+    run = start(create(workspace, get))
+    outcome: dict = {}
+
+    def work():
+        try:
+            outcome["status"] = executor.execute_run(str(run.pk), "worker-1:1")
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not http_server.requests and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first_lease = Run.objects.get(pk=run.pk).lease_expires_at
+        time.sleep(2.5)  # well past the 1 s lease: only a renewal keeps the run
+        assert Run.objects.get(pk=run.pk).lease_expires_at > first_lease
+        assert executor.claim(str(run.pk), "worker-2:2") is None, "a live worker was robbed"
+        assert services.runs_sweep()["lease_expired"] == 0
+    finally:
+        http_server.block.set()
+        thread.join(30)
+
+    assert outcome["status"] == RunStatus.SUCCEEDED
+    assert len(http_server.requests) == 1
