@@ -44,8 +44,20 @@ _CODES = {
 }
 
 
+NOT_FOUND_MESSAGE = "not found"
+
+
 def error_body(code: str, message: str) -> dict:
     return {"error": {"code": code, "message": message}}
+
+
+def json_error(status_code: int, code: str, message: str, headers=None) -> HttpResponse:
+    """An error response outside DRF, byte for byte what DRF's JSONRenderer writes for it."""
+    body = json.dumps(error_body(code, message), separators=(",", ":"), ensure_ascii=False).encode()
+    response = HttpResponse(body, status=status_code, content_type="application/json")
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
 
 
 def _flatten(detail, path: str = "") -> list[dict]:
@@ -71,11 +83,7 @@ def service_error_response(exc: ServiceError) -> HttpResponse:
     if exc.http_status == 401:
         # Built from the code and message alone, so that every 401 with the same
         # message is identical byte for byte, whatever caused it (no oracle).
-        body = json.dumps(error_body(exc.code, exc.message), separators=(", ", ": ")).encode()
-        response = HttpResponse(body, status=401, content_type="application/json")
-        for name, value in exc.headers.items():
-            response[name] = value
-        return response
+        return json_error(401, exc.code, exc.message, exc.headers)
     return Response(error_body(exc.code, exc.message), status=exc.http_status, headers=exc.headers)
 
 
@@ -91,8 +99,10 @@ def exception_handler(exc, context):
             status=status.HTTP_503_SERVICE_UNAVAILABLE,
             headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)},
         )
-    if isinstance(exc, Http404):
-        exc = exceptions.NotFound()
+    if isinstance(exc, Http404) or (
+        isinstance(exc, exceptions.NotFound) and exc.detail == exceptions.NotFound.default_detail
+    ):
+        exc = exceptions.NotFound(NOT_FOUND_MESSAGE)
     elif isinstance(exc, PermissionDenied):
         exc = exceptions.PermissionDenied()
     if isinstance(exc, exceptions.ValidationError):

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from django.urls import include, path
 
+from .api_index import ApiIndex
+
 urlpatterns = [
+    path("", ApiIndex.as_view(), name="api-index"),
     path("", include("audit.api.urls")),
     path("", include("automations.api.urls")),
     path("", include("capabilities.api.urls")),

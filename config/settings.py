@@ -51,6 +51,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "django_celery_beat",
     "audit",
     "workspaces",
@@ -271,7 +272,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "config.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "config.api_errors.exception_handler",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
@@ -281,6 +282,30 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Automations, runs, approvals, triggers and the audit ledger.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Request and response shapes as separate components: a field the server fills is not
+    # asked of the client, and a non-blank string in a request says so (minLength 1).
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "AutomationStatusEnum": "automations.models.AutomationStatus",
+        "RunStatusEnum": "automations.models.RunStatus",
+        "StepStatusEnum": "automations.models.StepStatus",
+        "ApprovalStatusEnum": "approvals.models.ApprovalStatus",
+        "McpToolStatusEnum": "capabilities.models.McpToolStatus",
+    },
+    # /api/docs/ from pinned, locally served assets (drf-spectacular-sidecar): no CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": "none"},
+    "APPEND_COMPONENTS": {
+        "securitySchemes": {
+            "webhookToken": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "The trigger's webhook token (POST /triggers/{id}/rotate-token).",
+            }
+        }
+    },
 }
 
 LOGGING = {

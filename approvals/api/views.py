@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config.errors import ServiceError
+from config.openapi import errors
 from workspaces.access import default_workspace_for, has_permission, workspaces_for
 from workspaces.models import Permission
 
@@ -54,7 +55,7 @@ class ApprovalDetail(generics.RetrieveAPIView):
 class _Decide(APIView):
     decision = Decision.APPROVE
 
-    @extend_schema(request=DecisionIn, responses=ApprovalOut)
+    @extend_schema(request=DecisionIn, responses={200: ApprovalOut, **errors(409)})
     def post(self, request, pk):
         approval = get_object_or_404(selectors.approvals_visible_to(request.user), pk=pk)
         body = DecisionIn(data=request.data if isinstance(request.data, dict) else {})
@@ -73,7 +74,11 @@ class ApprovalDeny(_Decide):
 
 
 class ApprovalLink(APIView):
-    @extend_schema(request=None, responses=LinkOut, summary="A one-click approve link for the caller")
+    @extend_schema(
+        request=None,
+        responses={201: LinkOut, **errors(409)},
+        summary="A one-click approve link for the caller",
+    )
     def post(self, request, pk):
         approval = get_object_or_404(selectors.approvals_visible_to(request.user), pk=pk)
         path = services.approval_link_create(approval=approval, user=request.user)
@@ -86,7 +91,7 @@ class StandingApprovalList(generics.ListAPIView):
     def get_queryset(self):
         return selectors.standing_approvals_visible_to(self.request.user)
 
-    @extend_schema(request=StandingApprovalIn, responses={201: StandingApprovalOut})
+    @extend_schema(request=StandingApprovalIn, responses={201: StandingApprovalOut, **errors(404, 409)})
     def post(self, request):
         body = StandingApprovalIn(data=request.data)
         body.is_valid(raise_exception=True)
@@ -111,7 +116,7 @@ class StandingApprovalList(generics.ListAPIView):
 
 
 class StandingApprovalRevoke(APIView):
-    @extend_schema(request=None, responses=StandingApprovalOut)
+    @extend_schema(request=None, responses={200: StandingApprovalOut, **errors(409)})
     def post(self, request, pk):
         standing = get_object_or_404(selectors.standing_approvals_visible_to(request.user), pk=pk)
         if not has_permission(request.user, standing.workspace_id, Permission.APPROVE):

@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from ..models import Automation, AutomationVersion, Run, StepRun
+from config.openapi import ErrorDetail
+
+from ..dispatcher import DispatchResult
+from ..models import Automation, AutomationStatus, AutomationVersion, Run, StepRun
 
 
 class AutomationOut(serializers.ModelSerializer):
@@ -21,7 +25,7 @@ class AutomationVersionOut(serializers.ModelSerializer):
 
 class StepOut(serializers.ModelSerializer):
     error = serializers.SerializerMethodField()
-    duration_ms = serializers.FloatField(read_only=True)
+    duration_ms = serializers.FloatField(read_only=True, allow_null=True)
     config = serializers.JSONField(source="rendered_config")
 
     class Meta:
@@ -29,6 +33,7 @@ class StepOut(serializers.ModelSerializer):
         fields = ["step_id", "phase", "action", "status", "attempt", "config", "output", "error",
                   "cost_usd", "started_at", "finished_at", "duration_ms"]  # fmt: skip
 
+    @extend_schema_field(ErrorDetail(allow_null=True))
     def get_error(self, step: StepRun):
         return {"code": step.error_code, "message": step.error_message} if step.error_code else None
 
@@ -44,6 +49,7 @@ class RunOut(serializers.ModelSerializer):
                   "triggered_by", "inputs", "steps", "output", "error", "cost_usd", "trace_id", "parent_run",
                   "queue", "created_at", "started_at", "finished_at"]  # fmt: skip
 
+    @extend_schema_field(StepOut(many=True))
     def get_steps(self, run: Run):
         """Every plan step in order (pending ones included), then on_failure steps that ran."""
         rows = {(s.phase, s.index): s for s in run.steps.all()}
@@ -72,8 +78,17 @@ class RunListOut(serializers.ModelSerializer):
 
 class AutomationWrite(serializers.Serializer):
     definition = serializers.JSONField(required=False)
-    status = serializers.ChoiceField(choices=["active", "paused"], required=False)
+    status = serializers.ChoiceField(choices=AutomationStatus.choices, required=False)
     workspace = serializers.SlugField(required=False)
+
+
+class AutomationReplace(AutomationWrite):
+    definition = serializers.JSONField()
+
+
+class RunQuery(serializers.Serializer):
+    automation = serializers.UUIDField(required=False, help_text="runs of this automation")
+    status = serializers.ChoiceField(choices=Run._meta.get_field("status").choices, required=False)
 
 
 class RerunIn(serializers.Serializer):
@@ -90,3 +105,28 @@ class EventIn(serializers.Serializer):
     event_type = serializers.RegexField(r"^[a-z0-9_.-]{1,128}$")
     payload = serializers.DictField(required=False, default=dict)
     workspace = serializers.SlugField(required=False)
+
+
+class RunAccepted(serializers.Serializer):
+    """What ``run``, ``fire`` and ``rerun`` answer (SPEC §11)."""
+
+    run_id = serializers.UUIDField(allow_null=True, help_text="null when drop_if_running suppressed it")
+    status_url = serializers.CharField(required=False, help_text="GET it to follow the run")
+    status = serializers.ChoiceField(choices=Run._meta.get_field("status").choices, required=False)
+    suppressed = serializers.BooleanField(required=False)
+    reason = serializers.CharField(required=False, help_text="why it was suppressed")
+
+
+def run_accepted(run: Run) -> dict:
+    return {"run_id": str(run.pk), "status_url": f"/api/v1/runs/{run.pk}", "status": run.status}
+
+
+def dispatch_body(result: DispatchResult) -> tuple[dict, int]:
+    """The body and status of a dispatch: 202 new, 200 deduplicated or suppressed."""
+    if result.suppressed:
+        return {"run_id": None, "suppressed": True, "reason": "drop_if_running"}, 200
+    return run_accepted(result.run), 200 if result.deduplicated else 202
+
+
+class EventAccepted(serializers.Serializer):
+    event_id = serializers.CharField()

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config.errors import InvalidArgument, ServiceError
+from config.openapi import errors
 from workspaces.api import require, workspace_for_write
 from workspaces.models import Permission
 
@@ -19,13 +21,19 @@ from ..dispatcher import DispatchResult, request_hash
 from ..models import Run
 from .serializers import (
     AutomationOut,
+    AutomationReplace,
     AutomationVersionOut,
     AutomationWrite,
+    EventAccepted,
     EventIn,
     RerunIn,
     ResolveIn,
+    RunAccepted,
     RunListOut,
     RunOut,
+    RunQuery,
+    dispatch_body,
+    run_accepted,
 )
 
 MAX_BODY_BYTES = 1024 * 1024
@@ -37,11 +45,8 @@ def _check_body_size(request) -> None:
 
 
 def _dispatch_response(result: DispatchResult) -> Response:
-    if result.suppressed:
-        return Response({"run_id": None, "suppressed": True, "reason": "drop_if_running"}, status=200)
-    run = result.run
-    body = {"run_id": str(run.pk), "status_url": f"/api/v1/runs/{run.pk}", "status": run.status}
-    return Response(body, status=200 if result.deduplicated else 202)
+    body, status_code = dispatch_body(result)
+    return Response(body, status=status_code)
 
 
 class AutomationList(generics.ListAPIView):
@@ -90,7 +95,7 @@ class AutomationDetail(generics.RetrieveAPIView):
         )  # fmt: skip
         return Response(AutomationOut(automation).data)
 
-    @extend_schema(request=AutomationWrite, responses=AutomationOut)
+    @extend_schema(request=AutomationReplace, responses=AutomationOut)
     def put(self, request, pk):
         return self._write(request, partial=False)
 
@@ -116,7 +121,12 @@ class AutomationVersions(generics.ListAPIView):
 
 
 class AutomationRun(APIView):
-    @extend_schema(request=dict, responses={202: dict})
+    @extend_schema(
+        request={"application/json": OpenApiTypes.OBJECT},
+        responses={202: RunAccepted, 200: RunAccepted, **errors(409, 422)},
+        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False)],
+        summary="Run now: the body is the run's inputs",
+    )
     def post(self, request, pk):
         _check_body_size(request)
         automation = get_object_or_404(selectors.automations_visible_to(request.user), pk=pk)
@@ -129,19 +139,18 @@ class AutomationRun(APIView):
         return _dispatch_response(result)
 
 
+@extend_schema(parameters=[RunQuery], summary="Runs in your workspaces (newest first)")
 class RunList(generics.ListAPIView):
     serializer_class = RunListOut
 
     def get_queryset(self):
+        query = RunQuery(data=self.request.query_params)
+        query.is_valid(raise_exception=True)
         runs = selectors.runs_visible_to(self.request.user)
-        params = self.request.query_params
-        if params.get("automation"):
-            try:
-                runs = runs.filter(automation_id=params["automation"])
-            except Exception:
-                raise ServiceError("INVALID_ARGUMENT", "automation must be an id")
-        if params.get("status"):
-            runs = runs.filter(status=params["status"])
+        if automation := query.validated_data.get("automation"):
+            runs = runs.filter(automation_id=automation)
+        if run_status := query.validated_data.get("status"):
+            runs = runs.filter(status=run_status)
         return runs
 
 
@@ -160,24 +169,24 @@ class _RunAction(APIView):
 
 
 class RunCancel(_RunAction):
-    @extend_schema(request=None, responses=RunOut)
+    @extend_schema(request=None, responses={200: RunOut, **errors(409)})
     def post(self, request, pk):
         run = services.run_cancel(run=self.run(request, pk), user=request.user)
         return Response(RunOut(run).data)
 
 
 class RunRerun(_RunAction):
-    @extend_schema(request=RerunIn, responses={202: dict})
+    @extend_schema(request=RerunIn, responses={202: RunAccepted, **errors(409)})
     def post(self, request, pk):
         data = RerunIn(data=request.data or {})
         data.is_valid(raise_exception=True)
         new = services.run_rerun(run=self.run(request, pk), user=request.user,
                                  from_step=data.validated_data.get("from_step"))  # fmt: skip
-        return Response({"run_id": str(new.pk), "status_url": f"/api/v1/runs/{new.pk}"}, status=202)
+        return Response(run_accepted(new), status=202)
 
 
 class RunResolve(_RunAction):
-    @extend_schema(request=ResolveIn, responses=RunOut)
+    @extend_schema(request=ResolveIn, responses={200: RunOut, **errors(409)})
     def post(self, request, pk):
         data = ResolveIn(data=request.data)
         data.is_valid(raise_exception=True)
@@ -186,7 +195,7 @@ class RunResolve(_RunAction):
 
 
 class EventPublish(APIView):
-    @extend_schema(request=EventIn, responses={202: dict})
+    @extend_schema(request=EventIn, responses={202: EventAccepted, **errors(409)})
     def post(self, request):
         _check_body_size(request)
         data = EventIn(data=request.data)
@@ -205,7 +214,7 @@ class EventPublish(APIView):
 class DefinitionSchema(APIView):
     permission_classes = [AllowAny]
 
-    @extend_schema(responses=dict)
+    @extend_schema(responses=OpenApiTypes.OBJECT, summary="JSON Schema of an automation definition")
     def get(self, request):
         return Response(defs.definition_json_schema())
 
@@ -213,6 +222,6 @@ class DefinitionSchema(APIView):
 class FilterSchema(APIView):
     permission_classes = [AllowAny]
 
-    @extend_schema(responses=dict)
+    @extend_schema(responses=OpenApiTypes.OBJECT, summary="JSON Schema of an event filter")
     def get(self, request):
         return Response(defs.filter_json_schema())

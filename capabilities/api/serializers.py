@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from ..models import Credential, CredentialKind, McpServer, McpTool, McpTransport, RiskLevel
+from ..models import Credential, CredentialKind, McpServer, McpTool, McpToolStatus, McpTransport, RiskLevel
 
 
 class CredentialOut(serializers.ModelSerializer):
@@ -93,6 +93,10 @@ class McpToolOut(serializers.ModelSerializer):
         return tool.risk_override or RiskLevel.HIGH
 
 
+class McpToolQuery(serializers.Serializer):
+    status = serializers.ChoiceField(choices=McpToolStatus.choices, required=False)
+
+
 class McpToolPatch(serializers.Serializer):
     risk_override = serializers.ChoiceField(choices=RiskLevel.choices, allow_null=True)
 
@@ -103,3 +107,37 @@ class HarvestOut(serializers.Serializer):
     removed = serializers.IntegerField()
     restored = serializers.IntegerField()
     unchanged = serializers.IntegerField()
+
+
+class ActionOut(serializers.Serializer):
+    name = serializers.CharField()
+    description = serializers.CharField()
+    config_schema = serializers.JSONField(help_text="JSON Schema of the step's config")
+
+
+class CapabilityOut(serializers.Serializer):
+    id = serializers.CharField()
+    description = serializers.CharField()
+    input_schema = serializers.JSONField()
+    output_schema = serializers.JSONField()
+    side_effects = serializers.ListField(child=serializers.CharField())
+    risk = serializers.CharField()
+    idempotent = serializers.BooleanField()
+    expected_duration_seconds = serializers.FloatField()
+    workspace = serializers.CharField(allow_null=True, help_text="null for built-in capabilities")
+
+
+class _Page(serializers.Serializer):
+    """The list shape of SPEC §11; these lists are short and always come whole."""
+
+    count = serializers.IntegerField()
+    next = serializers.CharField(allow_null=True)
+    previous = serializers.CharField(allow_null=True)
+
+
+class ActionPage(_Page):
+    results = ActionOut(many=True)
+
+
+class CapabilityPage(_Page):
+    results = CapabilityOut(many=True)

@@ -6,6 +6,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config.errors import InvalidArgument
+from config.openapi import errors
 from workspaces.access import workspaces_for
 from workspaces.api import require, workspace_for_write
 from workspaces.models import Permission
@@ -14,6 +15,8 @@ from .. import credentials, mcp, registry
 from ..base import Capability
 from ..models import Credential, McpServer, McpTool
 from .serializers import (
+    ActionPage,
+    CapabilityPage,
     CredentialIn,
     CredentialOut,
     CredentialSecretIn,
@@ -23,6 +26,7 @@ from .serializers import (
     McpServerPatch,
     McpToolOut,
     McpToolPatch,
+    McpToolQuery,
 )
 
 
@@ -41,7 +45,7 @@ def capability_out(capability: Capability, workspace: str | None = None) -> dict
 
 
 class ActionList(APIView):
-    @extend_schema(responses=dict)
+    @extend_schema(responses=ActionPage, summary="The actions a step can name")
     def get(self, request):
         actions = [
             {"name": a.name, "description": a.description, "config_schema": a.config_schema}
@@ -51,7 +55,7 @@ class ActionList(APIView):
 
 
 class CapabilityList(APIView):
-    @extend_schema(responses=dict)
+    @extend_schema(responses=CapabilityPage, summary="The capabilities of your workspaces")
     def get(self, request):
         seen: dict[str, dict] = {}
         for workspace in workspaces_for(request.user, Permission.VIEW):
@@ -82,7 +86,7 @@ class CredentialList(generics.ListAPIView):
         queryset = _visible(Credential.objects.select_related("workspace"), self.request.user)
         return _filter_workspace(queryset, self.request).order_by("workspace__slug", "name")
 
-    @extend_schema(request=CredentialIn, responses={201: CredentialOut})
+    @extend_schema(request=CredentialIn, responses={201: CredentialOut, **errors(409)})
     def post(self, request):
         data = CredentialIn(data=request.data)
         data.is_valid(raise_exception=True)
@@ -100,7 +104,7 @@ class CredentialDetail(generics.RetrieveAPIView):
     def get_queryset(self):
         return _visible(Credential.objects.select_related("workspace"), self.request.user)
 
-    @extend_schema(responses={204: None})
+    @extend_schema(responses={204: None, **errors(409)})
     def delete(self, request, pk):
         credential = self.get_object()
         require(request.user, credential.workspace_id, Permission.ADMINISTER)
@@ -116,7 +120,7 @@ class CredentialSecret(generics.GenericAPIView):
     def get_queryset(self):
         return _visible(Credential.objects.select_related("workspace"), self.request.user)
 
-    @extend_schema(request=CredentialSecretIn, responses={200: CredentialOut})
+    @extend_schema(request=CredentialSecretIn, responses={200: CredentialOut, **errors(409)})
     def post(self, request, pk):
         credential = self.get_object()
         require(request.user, credential.workspace_id, Permission.ADMINISTER)
@@ -146,7 +150,7 @@ class McpServerList(generics.ListAPIView):
         queryset = _visible(McpServer.objects.select_related("workspace", "credential"), self.request.user)
         return _filter_workspace(queryset, self.request).order_by("workspace__slug", "slug")
 
-    @extend_schema(request=McpServerIn, responses={201: McpServerOut})
+    @extend_schema(request=McpServerIn, responses={201: McpServerOut, **errors(409)})
     def post(self, request):
         data = McpServerIn(data=request.data)
         data.is_valid(raise_exception=True)
@@ -165,7 +169,7 @@ class McpServerDetail(generics.RetrieveAPIView):
     def get_queryset(self):
         return _visible(McpServer.objects.select_related("workspace", "credential"), self.request.user)
 
-    @extend_schema(request=McpServerPatch, responses={200: McpServerOut})
+    @extend_schema(request=McpServerPatch, responses={200: McpServerOut, **errors(409)})
     def patch(self, request, pk):
         server = self.get_object()
         require(request.user, server.workspace_id, Permission.ADMINISTER)
@@ -182,7 +186,7 @@ class McpServerHarvest(generics.GenericAPIView):
     def get_queryset(self):
         return _visible(McpServer.objects.all(), self.request.user)
 
-    @extend_schema(request=None, responses={200: HarvestOut})
+    @extend_schema(request=None, responses={200: HarvestOut, **errors(502)})
     def post(self, request, pk):
         server = self.get_object()
         require(request.user, server.workspace_id, Permission.ADMINISTER)
@@ -190,6 +194,7 @@ class McpServerHarvest(generics.GenericAPIView):
         return Response(result.counts())
 
 
+@extend_schema(parameters=[McpToolQuery])
 class McpServerTools(generics.ListAPIView):
     serializer_class = McpToolOut
 
@@ -198,7 +203,9 @@ class McpServerTools(generics.ListAPIView):
             _visible(McpServer.objects.all(), self.request.user), pk=self.kwargs["pk"]
         )
         queryset = McpTool.objects.select_related("server").filter(server=server)
-        if status_filter := self.request.query_params.get("status"):
+        query = McpToolQuery(data=self.request.query_params)
+        query.is_valid(raise_exception=True)
+        if status_filter := query.validated_data.get("status"):
             queryset = queryset.filter(status=status_filter)
         return queryset.order_by("name")
 
@@ -213,7 +220,7 @@ class McpToolDetail(generics.RetrieveAPIView):
     def get_queryset(self):
         return _tools_visible(self.request.user)
 
-    @extend_schema(request=McpToolPatch, responses={200: McpToolOut})
+    @extend_schema(request=McpToolPatch, responses={200: McpToolOut, **errors(409)})
     def patch(self, request, pk):
         tool = self.get_object()
         require(request.user, tool.server.workspace_id, Permission.ADMINISTER)
@@ -227,7 +234,7 @@ class McpToolApprove(generics.GenericAPIView):
     def get_queryset(self):
         return _tools_visible(self.request.user)
 
-    @extend_schema(request=None, responses={200: McpToolOut})
+    @extend_schema(request=None, responses={200: McpToolOut, **errors(409)})
     def post(self, request, pk):
         tool = self.get_object()
         require(request.user, tool.server.workspace_id, Permission.ADMINISTER)

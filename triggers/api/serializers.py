@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -19,7 +18,7 @@ class TriggerOut(serializers.ModelSerializer):
         fields = ["id", "automation", "key", "type", "config", "enabled", "last_fired_at", "next_fire_at",
                   "has_token", "token_created_at", "token_revoked_at", "has_signing_secret", "created_at"]  # fmt: skip
 
-    @extend_schema_field(OpenApiTypes.DATETIME)
+    @extend_schema_field(serializers.DateTimeField(allow_null=True))
     def get_next_fire_at(self, trigger: Trigger) -> str | None:
         moment = next_fire_at(trigger)
         return serializers.DateTimeField().to_representation(moment) if moment else None
@@ -33,10 +32,3 @@ class TokenOut(serializers.Serializer):
 class SigningSecretOut(serializers.Serializer):
     trigger_id = serializers.UUIDField()
     signing_secret = serializers.CharField(help_text="Standard Webhooks secret (whsec_...), shown once.")
-
-
-class FireOut(serializers.Serializer):
-    run_id = serializers.UUIDField(allow_null=True)
-    status_url = serializers.CharField(required=False)
-    status = serializers.CharField(required=False)
-    suppressed = serializers.BooleanField(required=False)

@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from automations.api.serializers import RunAccepted, dispatch_body
 from automations.dispatcher import DispatchResult
 from automations.selectors import automations_visible_to
+from config.openapi import errors
 from workspaces.api import require
 from workspaces.models import Permission
 
 from .. import selectors, services, webhooks
 from ..models import Trigger
-from .serializers import FireOut, SigningSecretOut, TokenOut, TriggerOut
+from .serializers import SigningSecretOut, TokenOut, TriggerOut
 
 _NO_STORE = {"Cache-Control": "no-store"}
 
@@ -38,21 +41,29 @@ class _TriggerAction(APIView):
 
 
 class TriggerRotateToken(_TriggerAction):
-    @extend_schema(request=None, responses=TokenOut, summary="A new webhook token, shown once")
+    @extend_schema(
+        request=None, responses={200: TokenOut, **errors(409)}, summary="A new webhook token, shown once"
+    )
     def post(self, request, pk):
         token = services.trigger_token_rotate(trigger=self.trigger(request, pk), user=request.user)
         return Response({"trigger_id": str(pk), "token": token}, headers=_NO_STORE)
 
 
 class TriggerRevokeToken(_TriggerAction):
-    @extend_schema(request=None, responses=TriggerOut, summary="Revoke the webhook token")
+    @extend_schema(
+        request=None, responses={200: TriggerOut, **errors(409)}, summary="Revoke the webhook token"
+    )
     def post(self, request, pk):
         trigger = services.trigger_token_revoke(trigger=self.trigger(request, pk), user=request.user)
         return Response(TriggerOut(trigger).data)
 
 
 class TriggerRotateSigningSecret(_TriggerAction):
-    @extend_schema(request=None, responses=SigningSecretOut, summary="A new signing secret, shown once")
+    @extend_schema(
+        request=None,
+        responses={200: SigningSecretOut, **errors(409)},
+        summary="A new signing secret, shown once",
+    )
     def post(self, request, pk):
         secret = services.trigger_signing_secret_rotate(trigger=self.trigger(request, pk), user=request.user)
         return Response({"trigger_id": str(pk), "signing_secret": secret}, headers=_NO_STORE)
@@ -69,11 +80,19 @@ class _AlwaysJson(BaseContentNegotiation):
 
 
 def _dispatch_response(result: DispatchResult) -> Response:
-    if result.suppressed:
-        return Response({"run_id": None, "suppressed": True, "reason": "drop_if_running"}, status=200)
-    run = result.run
-    body = {"run_id": str(run.pk), "status_url": f"/api/v1/runs/{run.pk}", "status": run.status}
-    return Response(body, status=200 if result.deduplicated else 202)
+    body, status_code = dispatch_body(result)
+    return Response(body, status=status_code)
+
+
+_WEBHOOK_HEADERS = [
+    OpenApiParameter(name, str, OpenApiParameter.HEADER, required=False, description=description)
+    for name, description in [
+        ("Idempotency-Key", "a repeated key answers 200 with the original run_id"),
+        ("webhook-id", "Standard Webhooks: required when the trigger has a signing secret"),
+        ("webhook-timestamp", "Standard Webhooks: seconds since the epoch"),
+        ("webhook-signature", "Standard Webhooks: v1,<base64 HMAC-SHA256>"),
+    ]
+]
 
 
 class AutomationFire(APIView):
@@ -85,18 +104,10 @@ class AutomationFire(APIView):
     content_negotiation_class = _AlwaysJson
 
     @extend_schema(
-        request={"application/json": dict},
-        responses={
-            202: FireOut,
-            200: FireOut,
-            400: OpenApiResponse(description="invalid body"),
-            401: OpenApiResponse(description="invalid or missing token"),
-            409: None,
-            413: None,
-            415: None,
-            422: None,
-            429: None,
-        },  # fmt: skip
+        request={"application/json": OpenApiTypes.OBJECT},
+        responses={202: RunAccepted, 200: RunAccepted, **errors(400, 401, 404, 409, 413, 415, 422, 429)},
+        auth=[{"webhookToken": []}],
+        parameters=_WEBHOOK_HEADERS,
         summary="Fire the automation's webhook trigger",
     )
     def post(self, request, automation_id: str):
