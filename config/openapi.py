@@ -33,6 +33,12 @@ _DESCRIPTIONS = {
     502: "An upstream server (e.g. an MCP server) failed",
     503: "A dependency is unavailable; try again later",
 }
+# Answered by the web server (gunicorn) before the application sees the request, so it is
+# HTML, the one error that is not the envelope.
+_URI_TOO_LONG = {
+    "description": "The request line is longer than the web server accepts (4094 bytes)",
+    "content": {"text/html": {"schema": {"type": "string"}}},
+}
 _WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
 
@@ -82,6 +88,8 @@ class AutoSchema(openapi.AutoSchema):
         for status in self._implied_errors(operation):
             if str(status) not in responses:
                 responses[str(status)] = self._get_response_for_code(error_response(status), str(status))
+        if operation.get("parameters") and "414" not in responses:
+            responses["414"] = _URI_TOO_LONG
         operation["responses"] = dict(sorted(responses.items()))
         return operation
 

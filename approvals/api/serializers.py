@@ -21,7 +21,9 @@ class ApprovalOut(serializers.ModelSerializer):
 
 class ApprovalQuery(serializers.Serializer):
     status = serializers.ChoiceField(
-        choices=["pending", "approved", "denied", "expired", "consumed", "invalidated"], required=False
+        choices=["pending", "approved", "denied", "expired", "consumed", "invalidated"],
+        required=False,
+        allow_blank=True,
     )
 
 

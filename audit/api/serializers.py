@@ -8,10 +8,14 @@ from audit.models import AuditEvent
 
 
 class AuditQuerySerializer(serializers.Serializer):
-    trace_id = serializers.CharField(required=False, max_length=64, help_text="events of one trace, in order")
-    type = serializers.CharField(required=False, max_length=64, help_text="e.g. run.created")
+    trace_id = serializers.CharField(
+        required=False, allow_blank=True, max_length=64, help_text="events of one trace, in order"
+    )
+    type = serializers.CharField(
+        required=False, allow_blank=True, max_length=64, help_text="e.g. run.created"
+    )
     run = serializers.CharField(
-        required=False, max_length=64, help_text="events whose refs.run is this run id"
+        required=False, allow_blank=True, max_length=64, help_text="events whose refs.run is this run id"
     )
 
 

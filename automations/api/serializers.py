@@ -88,7 +88,9 @@ class AutomationReplace(AutomationWrite):
 
 class RunQuery(serializers.Serializer):
     automation = serializers.UUIDField(required=False, help_text="runs of this automation")
-    status = serializers.ChoiceField(choices=Run._meta.get_field("status").choices, required=False)
+    status = serializers.ChoiceField(
+        choices=Run._meta.get_field("status").choices, required=False, allow_blank=True
+    )
 
 
 class RerunIn(serializers.Serializer):

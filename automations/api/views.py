@@ -55,7 +55,7 @@ class AutomationList(generics.ListAPIView):
     def get_queryset(self):
         return selectors.automations_visible_to(self.request.user).order_by("name", "id")
 
-    @extend_schema(request=AutomationWrite, responses={201: AutomationOut})
+    @extend_schema(request=AutomationWrite, responses={201: AutomationOut, **errors(404)})
     def post(self, request):
         _check_body_size(request)
         body = request.data
@@ -195,7 +195,7 @@ class RunResolve(_RunAction):
 
 
 class EventPublish(APIView):
-    @extend_schema(request=EventIn, responses={202: EventAccepted, **errors(409)})
+    @extend_schema(request=EventIn, responses={202: EventAccepted, **errors(404, 409)})
     def post(self, request):
         _check_body_size(request)
         data = EventIn(data=request.data)

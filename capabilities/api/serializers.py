@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
+from ..credentials import NAME_PATTERN
 from ..models import Credential, CredentialKind, McpServer, McpTool, McpToolStatus, McpTransport, RiskLevel
 
 
@@ -18,7 +19,9 @@ class CredentialOut(serializers.ModelSerializer):
 
 
 class CredentialIn(serializers.Serializer):
-    name = serializers.CharField(max_length=100)
+    name = serializers.RegexField(
+        NAME_PATTERN.pattern, help_text="letters, digits, '-' or '_', from a letter or digit"
+    )
     kind = serializers.ChoiceField(choices=CredentialKind.choices)
     secret = serializers.DictField(child=serializers.CharField(trim_whitespace=False, max_length=16384))
     metadata = serializers.JSONField(required=False, default=dict)
@@ -94,7 +97,7 @@ class McpToolOut(serializers.ModelSerializer):
 
 
 class McpToolQuery(serializers.Serializer):
-    status = serializers.ChoiceField(choices=McpToolStatus.choices, required=False)
+    status = serializers.ChoiceField(choices=McpToolStatus.choices, required=False, allow_blank=True)
 
 
 class McpToolPatch(serializers.Serializer):

@@ -86,7 +86,7 @@ class CredentialList(generics.ListAPIView):
         queryset = _visible(Credential.objects.select_related("workspace"), self.request.user)
         return _filter_workspace(queryset, self.request).order_by("workspace__slug", "name")
 
-    @extend_schema(request=CredentialIn, responses={201: CredentialOut, **errors(409)})
+    @extend_schema(request=CredentialIn, responses={201: CredentialOut, **errors(404, 409)})
     def post(self, request):
         data = CredentialIn(data=request.data)
         data.is_valid(raise_exception=True)
@@ -150,7 +150,7 @@ class McpServerList(generics.ListAPIView):
         queryset = _visible(McpServer.objects.select_related("workspace", "credential"), self.request.user)
         return _filter_workspace(queryset, self.request).order_by("workspace__slug", "slug")
 
-    @extend_schema(request=McpServerIn, responses={201: McpServerOut, **errors(409)})
+    @extend_schema(request=McpServerIn, responses={201: McpServerOut, **errors(404, 409)})
     def post(self, request):
         data = McpServerIn(data=request.data)
         data.is_valid(raise_exception=True)

@@ -51,7 +51,9 @@ def test_the_error_envelope_is_one_component_every_error_references(schema):
     error_statuses = 0
     for path, method, operation in _operations(schema):
         for status in operation["responses"]:
-            if status >= "400":
+            if status == "414":  # the web server's own answer, before the application
+                assert list(operation["responses"][status]["content"]) == ["text/html"]
+            elif status >= "400":
                 assert _json_schema(operation, status) == {"$ref": ERROR_REF}, (method, path, status)
                 error_statuses += 1
     assert error_statuses > 100
@@ -128,7 +130,8 @@ def test_every_401_is_formatted_alike():
         assert response.status_code == 401
         assert response["Content-Type"] == "application/json"
         body = json.loads(response.content)
-        assert set(body) == {"error"} and body["error"]["code"]
+        assert set(body) == {"error"}
+        assert body["error"]["code"]
         assert response.content == json.dumps(body, separators=(",", ":")).encode()
 
 
