@@ -7,9 +7,10 @@ operation can answer because of how it is reached, so that no view has to list t
 * 400 when it takes a body or query parameters;
 * 401 when it needs a caller, and 403 when that caller writes (role, CSRF);
 * 404 when its path names an object, or it is a paginated list (a page past the end);
-* 413 and 415 when it takes a body (JSON only, bounded in size).
+* 413 and 415 when it takes a body (JSON only, bounded in size);
+* 503 when it needs a caller (and so the database): nothing was done, retry later.
 
-Views add what their services can refuse beyond that (409, 422, 429, 502, 503) with
+Views add what their services can refuse beyond that (409, 422, 429, 502) with
 :func:`errors`, e.g. ``responses={202: RunAccepted, **errors(409, 422)}``.
 """
 
@@ -31,7 +32,7 @@ _DESCRIPTIONS = {
     422: "Well-formed but refused (`UNPROCESSABLE`, `BUDGET_EXCEEDED`)",
     429: "Too many requests (`RATE_LIMITED`); see `Retry-After`",
     502: "An upstream server (e.g. an MCP server) failed",
-    503: "A dependency is unavailable; try again later",
+    503: "The database is unavailable (`TEMPORARILY_UNAVAILABLE`): nothing was done; see `Retry-After`",
 }
 # Answered by the web server (gunicorn) before the application sees the request, so it is
 # HTML, the one error that is not the envelope.
@@ -102,6 +103,7 @@ class AutoSchema(openapi.AutoSchema):
             implied.append(401)
             if self.method in _WRITE_METHODS:
                 implied.append(403)
+            implied.append(503)  # the database is unreachable: nothing was done, retry later
         if "{" in self.path or any(p.get("name") == "page" for p in operation.get("parameters", [])):
             implied.append(404)
         if self.method in _BODY_METHODS:

@@ -22,7 +22,7 @@ from triggers.services import trigger_signing_secret_rotate, trigger_token_revok
 
 from .factories import definition, fire, webhook
 
-UNAUTHORIZED = b'{"error": {"code": "UNAUTHENTICATED", "message": "invalid or missing token"}}'
+UNAUTHORIZED = b'{"error":{"code":"UNAUTHENTICATED","message":"invalid or missing token"}}'
 
 
 def _rejections() -> list[AuditEvent]:
