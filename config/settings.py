@@ -59,6 +59,7 @@ INSTALLED_APPS = [
     "approvals",
     "automations",
     "triggers",
+    "mcpserver",
     "ops",
 ]
 
@@ -219,6 +220,12 @@ AUTOPLANE_RELAY_AFTER_SECONDS = env.float("AUTOPLANE_RELAY_AFTER_SECONDS", defau
 # Set by `manage.py up` for its children: the supervisor's state file, read by
 # /healthz and /metrics (restarts, crash-looping children). Empty: not under `up`.
 AUTOPLANE_SUPERVISOR_STATE_FILE = env.str("AUTOPLANE_SUPERVISOR_STATE_FILE", default="")
+
+# The platform's own MCP server (manage.py mcp_serve, docs/mcp.md): the API token the
+# stdio transport acts as, and where `mcp_serve --http` listens by default.
+AUTOPLANE_API_TOKEN = env.str("AUTOPLANE_API_TOKEN", default="")
+AUTOPLANE_MCP_HOST = env.str("AUTOPLANE_MCP_HOST", default="127.0.0.1")
+AUTOPLANE_MCP_PORT = env.int("AUTOPLANE_MCP_PORT", default=8765)
 
 # --- LLM (drafting automations, agent_task; docs/llm.md) ---------------------------
 # An OpenAI-compatible chat-completions server. Unset base URL or model: every LLM

@@ -1,0 +1,63 @@
+"""Fixtures for the MCP server tests: workspace acme (owner, operator, viewer) and
+globex (outsider), an automation that succeeds, one whose only step waits for approval,
+and API tokens for each person."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.authtoken.models import Token
+
+from automations.services import automation_create
+from workspaces.services import workspace_get_or_create
+
+SUCCEEDS = {
+    "schema_version": "1.0",
+    "name": "greet",
+    "inputs": {"schema": {"type": "object", "properties": {"who": {"type": "string"}}, "required": ["who"]}},
+    "plan": [
+        {
+            "step_id": "hello",
+            "action": "transform_data",
+            "config": {"output": {"greeting": "hi {{ inputs.who }}"}},
+        }
+    ],
+}
+# A1: every step asks a human first (SPEC §7.3), so a run parks awaiting approval.
+GATED = {
+    "schema_version": "1.0",
+    "name": "gated",
+    "execution": {"autonomy": "A1"},
+    "plan": [{"step_id": "careful", "action": "transform_data", "config": {"output": {"done": True}}}],
+}
+
+
+@pytest.fixture
+def workspace(db):
+    return workspace_get_or_create(slug="acme")
+
+
+@pytest.fixture
+def other_workspace(db):
+    return workspace_get_or_create(slug="globex")
+
+
+@pytest.fixture
+def greet(workspace, owner):
+    return automation_create(workspace=workspace, definition=SUCCEEDS, user=owner)
+
+
+@pytest.fixture
+def gated(workspace, owner):
+    return automation_create(workspace=workspace, definition=GATED, user=owner)
+
+
+@pytest.fixture
+def hidden(other_workspace, outsider):
+    """globex's automation: nobody in acme may see it."""
+    return automation_create(workspace=other_workspace, definition={**SUCCEEDS, "name": "secret plan"},
+                             user=outsider)  # fmt: skip
+
+
+@pytest.fixture
+def token_of():
+    return lambda user: Token.objects.get_or_create(user=user)[0].key
