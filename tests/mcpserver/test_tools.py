@@ -3,6 +3,10 @@ hostile arguments, redaction-by-serializer, auditing, and the complete tool list
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import pytest
 from jsonschema import Draft202012Validator
 
@@ -255,3 +259,15 @@ def test_drafting_without_an_llm_is_llm_not_configured(operator, settings):
         refused(operator, "create_draft", prompt="every morning, post the weather").code
         == "LLM_NOT_CONFIGURED"
     )
+
+
+def test_the_documented_client_configs_run_this_server():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "mcp.md").read_text()
+    configs = [
+        json.loads(block)["mcpServers"]["autoplane"] for block in re.findall(r"```json\n(.*?)```", text, re.S)
+    ]
+    stdio, http = configs
+    assert stdio["args"][-2:] == ["manage.py", "mcp_serve"]
+    assert "AUTOPLANE_API_TOKEN" in stdio["env"]
+    assert http["url"].endswith(":8765/mcp")
+    assert http["headers"]["Authorization"].startswith("Bearer ")
