@@ -278,6 +278,7 @@ CREATE_DRAFT_IN = obj(
     {
         "prompt": {"type": "string", "minLength": 1, "maxLength": 8000,
                    "description": "what the automation should do, in plain language"},
+        "automation_id": {**ID, "description": "draft a new version of this automation (the draft shows a diff)"},
         "workspace": {"type": "string", "maxLength": 64, "description": "slug; needed if you operate several"},
     },
     ["prompt"],
@@ -285,13 +286,20 @@ CREATE_DRAFT_IN = obj(
 )  # fmt: skip
 CREATE_DRAFT_OUT = obj(
     {
-        "draft_id": {"type": "string"},
-        "definition": {"type": "object"},
-        "summary": {"type": "string"},
-        "flags": {"type": "array"},
+        "id": ID,
+        "workspace": {"type": "string"},
+        "automation": {"type": ["string", "null"], "description": "the automation this draft edits"},
+        "status": {"type": "string"},
+        "model": {"type": "string"},
+        "definition": {"type": "object", "description": "valid against GET /api/v1/schema/definition"},
+        "validation": {"type": "object"},
+        "summary": {"type": "string", "description": "the reviewer's plain-language summary"},
+        "flags": {"type": "array", "description": "things a person should look at before saving"},
+        "diff": {"type": "string"},
+        "cost_usd": MONEY,
         "expires_at": TIME,
     },
-    ["draft_id", "definition"],
+    ["id", "workspace", "status", "definition", "summary", "flags", "expires_at"],
 )
 
 ERROR_RESULT = obj(

@@ -43,8 +43,10 @@ from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
+from config.errors import ServiceError
+
 from .auth import user_for_token
-from .tools import TOOLS, ToolError, UnknownTool, tool_call
+from .tools import TOOLS, UnknownTool, error_body, tool_call
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +88,7 @@ def _call_as_token_user(token: str | None, name: str, arguments: Any) -> dict[st
     try:
         user = user_for_token(token)
         if user is None:
-            raise ToolError("UNAUTHENTICATED", "the API token is missing, revoked or invalid")
+            raise ServiceError("UNAUTHENTICATED", "the API token is missing, revoked or invalid", 401)
         return tool_call(user=user, name=name, arguments=arguments)
     finally:
         close_old_connections()
@@ -115,8 +117,8 @@ def build_server(token_for: TokenSource) -> Server[Any]:
             body = await anyio.to_thread.run_sync(_call_as_token_user, token, params.name, params.arguments)
         except UnknownTool as exc:
             raise MCPError(INVALID_PARAMS, exc.message) from None
-        except ToolError as exc:
-            return _result(exc.as_dict(), error=True)
+        except ServiceError as exc:
+            return _result(error_body(exc), error=True)
         return _result(body)
 
     return Server(

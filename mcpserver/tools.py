@@ -21,9 +21,9 @@ The contract this module keeps (``server.py`` only adapts it to the protocol):
   (actor = the user, ``payload.via = "mcp"``) to each workspace chain it
   touched, or to the platform chain when it touched none; a run's event joins
   the run's trace.
-* **Stable errors.** Failures are :class:`ToolError` with the API's codes;
-  arguments are checked against the tool's input schema (and the API's 1 MiB
-  body cap) before anything runs.
+* **Stable errors.** Failures are the services' own ``ServiceError`` (the
+  API's codes and messages); arguments are checked against the tool's input
+  schema (and the API's 1 MiB body cap) before anything runs.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from jsonschema import Draft202012Validator
@@ -48,12 +47,16 @@ from audit import writer
 from audit.api.serializers import AuditEventSerializer
 from audit.models import Outcome
 from automations import selectors, services
+from automations.api.drafts import DraftOut
 from automations.api.serializers import AutomationOut, RunListOut, RunOut
-from automations.dispatcher import DispatchError
+from automations.authoring import drafts
 from automations.models import Automation
+from capabilities import llm
+from config.errors import InvalidArgument, ServiceError
 from triggers.api.serializers import TriggerOut
 from triggers.selectors import triggers_of_automation
-from workspaces.access import has_permission, workspaces_for
+from workspaces.access import workspaces_for
+from workspaces.api import require, workspace_for
 from workspaces.models import Permission
 
 from . import schemas
@@ -65,27 +68,19 @@ LAST_RUNS = 5
 AUDIT_TYPE = "mcp.tool.called"
 
 
-class ToolError(Exception):
-    """A refused call: a stable code (the API's), a message safe to show, optional validation problems."""
-
-    def __init__(self, code: str, message: str, errors: list[dict] | None = None):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.errors = errors
-
-    def as_dict(self) -> dict[str, Any]:
-        body: dict[str, Any] = {"code": self.code, "message": self.message}
-        if self.errors:
-            body["errors"] = self.errors
-        return {"error": body}
-
-
-class UnknownTool(ToolError):
+class UnknownTool(ServiceError):
     """No tool of that name (a protocol error in MCP terms, not a tool result)."""
 
     def __init__(self, name: str):
-        super().__init__("NOT_FOUND", f"no tool named {name[:64]!r}")
+        super().__init__("NOT_FOUND", f"no tool named {name[:64]!r}", 404)
+
+
+def error_body(exc: ServiceError) -> dict[str, Any]:
+    """The API's error envelope; validation problems ride along under ``errors``."""
+    body: dict[str, Any] = {"code": exc.code, "message": exc.message}
+    if exc.errors:
+        body["errors"] = exc.errors
+    return {"error": body}
 
 
 @dataclass
@@ -123,8 +118,8 @@ def _jsonable(data: Any) -> Any:
     return json.loads(json.dumps(data, cls=DjangoJSONEncoder))
 
 
-def _not_found(what: str) -> ToolError:
-    return ToolError("NOT_FOUND", f"{what} not found")
+def _not_found(what: str) -> ServiceError:
+    return ServiceError("NOT_FOUND", f"{what} not found", 404)
 
 
 def _visible_automation(call: Call, automation_id: str) -> Automation:
@@ -173,15 +168,11 @@ def describe_automation(call: Call, args: dict[str, Any]) -> dict[str, Any]:
 
 def run_automation(call: Call, args: dict[str, Any]) -> dict[str, Any]:
     automation = _visible_automation(call, args["automation_id"])
-    if not has_permission(call.user, automation.workspace_id, Permission.OPERATE):
-        raise ToolError("PERMISSION_DENIED", "your role in this workspace does not allow 'operate'")
-    try:
-        result = services.run_create(
-            automation=automation, inputs=args.get("inputs", {}), user=call.user,
-            idempotency_key=args.get("idempotency_key"),
-        )  # fmt: skip
-    except DispatchError as exc:
-        raise ToolError(exc.code, exc.message, exc.errors) from None
+    require(call.user, automation.workspace_id, Permission.OPERATE)
+    result = services.run_create(
+        automation=automation, inputs=args.get("inputs", {}), user=call.user,
+        idempotency_key=args.get("idempotency_key"),
+    )  # fmt: skip
     if result.suppressed or result.run is None:
         return {"run_id": None, "status": None, "status_url": None, "deduplicated": False, "suppressed": True}
     run = result.run
@@ -227,11 +218,21 @@ def get_audit_trace(call: Call, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def create_draft(call: Call, args: dict[str, Any]) -> dict[str, Any]:
-    # NL authoring (SPEC §10) is not built yet; until it is, this tool answers as
-    # POST /api/v1/drafts will without an LLM, and never invents a definition.
-    configured = bool(settings.LLM_BASE_URL and settings.LLM_MODEL)
-    reason = "this build has no drafting service yet" if configured else "set LLM_BASE_URL and LLM_MODEL"
-    raise ToolError("LLM_NOT_CONFIGURED", f"drafting from a prompt is not available: {reason}")
+    """POST /api/v1/drafts: the same checks in the same order, the same service, the same shape."""
+    if llm.llm_config() is None:
+        raise llm.LlmNotConfigured()
+    automation = None
+    if args.get("automation_id"):
+        automation = _visible_automation(call, args["automation_id"])
+        workspace = automation.workspace
+    else:
+        workspace = workspace_for(call.user, args.get("workspace"), Permission.OPERATE)
+    call.touch(workspace.id)
+    draft = drafts.draft_create(
+        workspace=workspace, user=call.user, prompt=args["prompt"], automation=automation
+    )
+    call.touch(workspace.id, draft=draft.pk)
+    return DraftOut(draft).data
 
 
 _READ = "Read-only; shows only what your API token's user may see."
@@ -285,9 +286,12 @@ TOOLS: dict[str, Tool] = {
         ),
         Tool(
             "create_draft", "Draft an automation from a prompt",
-            "Draft an automation definition from a plain-language prompt. The draft is only a proposal: "
-            "saving it takes a person's explicit action outside this server. Answers LLM_NOT_CONFIGURED when "
-            "the platform has no language model configured.",
+            "Draft an automation definition from a plain-language prompt (or, with automation_id, a new "
+            "version of an existing one: the draft carries a diff). The platform's language model writes it, "
+            "it is validated as a save would be, and a reviewer pass adds a plain-language summary and flags "
+            "(short schedules, external writes, cost, new capabilities). The draft is only a proposal that "
+            "expires: saving it takes a person's explicit action outside this server. Answers "
+            "LLM_NOT_CONFIGURED when the platform has no language model. Needs the operator role.",
             schemas.CREATE_DRAFT_IN, schemas.CREATE_DRAFT_OUT, create_draft,
             read_only=False, idempotent=False, open_world=True,
         ),
@@ -303,24 +307,24 @@ def _check_arguments(tool: Tool, arguments: Any) -> dict[str, Any]:
     if arguments is None:
         arguments = {}
     if not isinstance(arguments, dict):
-        raise ToolError("INVALID_ARGUMENT", "arguments must be a JSON object")
+        raise ServiceError("INVALID_ARGUMENT", "arguments must be a JSON object")
     try:
         size = len(json.dumps(arguments, cls=DjangoJSONEncoder))
     except (TypeError, ValueError):
-        raise ToolError("INVALID_ARGUMENT", "arguments must be JSON") from None
+        raise ServiceError("INVALID_ARGUMENT", "arguments must be JSON") from None
     if size > MAX_ARGUMENT_BYTES:
-        raise ToolError("PAYLOAD_TOO_LARGE", f"arguments are larger than {MAX_ARGUMENT_BYTES} bytes")
+        raise ServiceError("PAYLOAD_TOO_LARGE", f"arguments are larger than {MAX_ARGUMENT_BYTES} bytes", 413)
     problems = [
         {"path": "/" + "/".join(str(p) for p in e.absolute_path), "code": "INVALID_ARGUMENT",
          "message": e.message[:300]}
         for e in _VALIDATORS[tool.name].iter_errors(arguments)
     ]  # fmt: skip
     if problems:
-        raise ToolError("INVALID_ARGUMENT", "arguments do not match the tool's input schema", problems)
+        raise InvalidArgument(problems, "arguments do not match the tool's input schema")
     return arguments
 
 
-def _audit(call: Call, name: str, arguments: Any, error: ToolError | None) -> None:
+def _audit(call: Call, name: str, arguments: Any, error: ServiceError | None) -> None:
     actor = writer.actor_for(call.user)
     summary = f"{actor} called {name[:64]} via MCP" + (f": {error.code}" if error else "")
     payload = {"via": "mcp", "tool": name, "arguments": arguments if isinstance(arguments, dict) else None}
@@ -336,19 +340,19 @@ def _audit(call: Call, name: str, arguments: Any, error: ToolError | None) -> No
 
 
 def tool_call(*, user, name: str, arguments: Any) -> dict[str, Any]:
-    """Run one tool as ``user``; return its JSON result or raise :class:`ToolError`. Audited either way."""
+    """Run one tool as ``user``; return its JSON result or raise ``ServiceError``. Audited either way."""
     call = Call(user=user)
     tool = TOOLS.get(name)
     try:
         if tool is None:
             raise UnknownTool(name)
         result = _jsonable(tool.handler(call, _check_arguments(tool, arguments)))
-    except ToolError as exc:
+    except ServiceError as exc:
         _audit(call, name, arguments, exc)
         raise
     except Exception:
         logger.exception("MCP tool %s failed", name)
-        error = ToolError("INTERNAL", "internal error")
+        error = ServiceError("INTERNAL", "internal error", 500)
         _audit(call, name, arguments, error)
         raise error from None
     _audit(call, name, arguments, None)

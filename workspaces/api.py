@@ -1,8 +1,7 @@
-"""What every API view asks of workspaces: may this user do this here, and where does a new object go."""
+"""What every API (REST and MCP) asks of workspaces: may this user do this here, and where does a new
+object go. Refusals are ``ServiceError``s, so any surface turns them into its own error shape."""
 
 from __future__ import annotations
-
-from rest_framework.exceptions import NotFound, PermissionDenied
 
 from config.errors import ServiceError
 
@@ -13,20 +12,26 @@ from .models import Permission, Workspace
 def require(user, workspace_id: int, permission: str) -> None:
     """Members without the permission get 403 (non-members never see the object: 404)."""
     if not has_permission(user, workspace_id, permission):
-        raise PermissionDenied(f"your role in this workspace does not allow '{permission}'")
+        raise ServiceError(
+            "PERMISSION_DENIED", f"your role in this workspace does not allow '{permission}'", 403
+        )
 
 
-def workspace_for_write(request, slug: str | None, permission: str) -> Workspace:
-    """The workspace named by ``slug``, or the caller's only one where they hold ``permission``."""
+def workspace_for(user, slug: str | None, permission: str) -> Workspace:
+    """The workspace named by ``slug``, or the user's only one where they hold ``permission``."""
     if slug:
-        workspace = workspaces_for(request.user, Permission.VIEW).filter(slug=slug).first()
+        workspace = workspaces_for(user, Permission.VIEW).filter(slug=slug).first()
         if workspace is None:
-            raise NotFound("workspace not found")
-        require(request.user, workspace.id, permission)
+            raise ServiceError("NOT_FOUND", "workspace not found", 404)
+        require(user, workspace.id, permission)
         return workspace
-    workspace = default_workspace_for(request.user, permission)
+    workspace = default_workspace_for(user, permission)
     if workspace is None:
         raise ServiceError(
             "INVALID_ARGUMENT", f"name the workspace: you have '{permission}' in none or in several"
         )
     return workspace
+
+
+def workspace_for_write(request, slug: str | None, permission: str) -> Workspace:
+    return workspace_for(request.user, slug, permission)

@@ -8,6 +8,7 @@ import pytest
 from rest_framework.authtoken.models import Token
 
 from automations.services import automation_create
+from tests.llm_server import ScriptedLlmServer
 from workspaces.services import workspace_get_or_create
 
 SUCCEEDS = {
@@ -61,3 +62,17 @@ def hidden(other_workspace, outsider):
 @pytest.fixture
 def token_of():
     return lambda user: Token.objects.get_or_create(user=user)[0].key
+
+
+@pytest.fixture
+def llm(settings):
+    """A scripted OpenAI-compatible server the platform drafts with (see tests/llm_server.py)."""
+    server = ScriptedLlmServer().start()
+    settings.LLM_BASE_URL, settings.LLM_MODEL, settings.LLM_RETRY_BASE_SECONDS = (
+        server.base_url,
+        "scripted",
+        0.01,
+    )
+    yield server
+    server.stop()
+    assert not server.unexpected, f"requests nobody scripted: {server.unexpected}"

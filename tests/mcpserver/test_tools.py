@@ -13,8 +13,12 @@ from jsonschema import Draft202012Validator
 from approvals.models import Approval
 from audit.models import AuditEvent
 from automations.models import Run, RunStatus
-from mcpserver.tools import TOOLS, ToolError, UnknownTool, tool_call
+from config.errors import ServiceError
+from mcpserver.tools import TOOLS, UnknownTool, tool_call
+from tests.llm_server import reply_json
 from tests.people import client_for
+
+from .conftest import SUCCEEDS
 
 pytestmark = pytest.mark.django_db
 
@@ -36,8 +40,8 @@ def call(user, name, **arguments):
     return result
 
 
-def refused(user, name, **arguments) -> ToolError:
-    with pytest.raises(ToolError) as caught:
+def refused(user, name, **arguments) -> ServiceError:
+    with pytest.raises(ServiceError) as caught:
         tool_call(user=user, name=name, arguments=arguments)
     return caught.value
 
@@ -181,7 +185,7 @@ def test_wrong_arguments_are_invalid_argument_with_the_path(operator, arguments,
 
 
 def test_arguments_that_are_not_an_object_are_refused(operator):
-    with pytest.raises(ToolError) as caught:
+    with pytest.raises(ServiceError) as caught:
         tool_call(user=operator, name="list_automations", arguments=["a"])
     assert caught.value.code == "INVALID_ARGUMENT"
 
@@ -259,6 +263,25 @@ def test_drafting_without_an_llm_is_llm_not_configured(operator, settings):
         refused(operator, "create_draft", prompt="every morning, post the weather").code
         == "LLM_NOT_CONFIGURED"
     )
+
+
+def test_a_draft_is_the_drafting_service_and_saves_nothing(llm, operator, greet):
+    proposal = {**SUCCEEDS, "name": "greet loudly"}
+    llm.script(reply_json(proposal), reply_json({"summary": "Greets someone, loudly.", "flags": []}))
+
+    draft = call(operator, "create_draft", prompt="greet people loudly", automation_id=str(greet.pk))
+
+    assert draft["definition"] == proposal
+    assert draft["summary"] == "Greets someone, loudly."
+    assert draft["status"] == "ready"
+    assert "greet loudly" in draft["diff"]
+    assert client_for(operator).get(f"/api/v1/drafts/{draft['id']}").json()["definition"] == proposal
+    greet.refresh_from_db()
+    assert greet.version == 1
+
+
+def test_a_viewer_cannot_draft(llm, viewer):
+    assert refused(viewer, "create_draft", prompt="anything", workspace="acme").code == "PERMISSION_DENIED"
 
 
 def test_the_documented_client_configs_run_this_server():
