@@ -3,9 +3,10 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand
 from rest_framework.test import APIClient
 
-from bench import engine_bench
+from bench import engine_bench, http_bench
 from bench.workers import Workers
 from config.celery import QUEUES
+from ops.management.commands.up import default_web_workers
 
 
 class Command(BaseCommand):
@@ -16,7 +17,13 @@ class Command(BaseCommand):
         parser.add_argument("--runs", type=int, default=800, help="runs for the throughput figure")
         parser.add_argument("--fast-concurrency", type=int, default=2)
         parser.add_argument("--skip", nargs="*", default=[], help="sections to skip: throughput slope isolation "
-                            "webhook events audit sandbox")  # fmt: skip
+                            "webhook events audit sandbox (with --http: throughput slope workspaces audit)")  # fmt: skip
+        parser.add_argument("--http", action="store_true", help="start the up topology (same web server, workers, "
+                            "beat) and measure what a client sees over HTTP (issue 11's table)")  # fmt: skip
+        parser.add_argument("--web-workers", type=int, default=default_web_workers(), help="with --http")
+        parser.add_argument("--see", choices=["db", "api"], default="db",
+                            help="with --http: how the client sees a run final: poll the database, or GET the run")  # fmt: skip
+        parser.add_argument("--poll-ms", type=float, default=1.0, help="with --http: poll interval")
 
     def handle(self, *args, n, runs, fast_concurrency, skip, **options):
         import logging
@@ -24,6 +31,15 @@ class Command(BaseCommand):
         from django.conf import settings
 
         logging.getLogger().setLevel(logging.WARNING)  # per-step INFO lines would drown the figures
+        if options["http"]:
+            self.stdout.write(f"database: {settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[1]}, "
+                              f"broker: {settings.CELERY_BROKER_URL.split(':', 1)[0]}")  # fmt: skip
+            concurrency = {queue: 1 for queue in QUEUES} | {"automations_fast": fast_concurrency}
+            table = http_bench.run(n=n, runs=runs, web_workers=options["web_workers"], concurrency=concurrency,
+                                   see=options["see"], poll_ms=options["poll_ms"], skip=skip,
+                                   out=self.stdout.write)  # fmt: skip
+            self.stdout.write("\n" + table.markdown())
+            return
 
         from workspaces.services import api_token_create, workspace_get_or_create
 

@@ -55,6 +55,10 @@ def parse_concurrency(text: str) -> dict[str, int]:
     return result
 
 
+def default_web_workers() -> int:
+    return min(4, max(2, os.cpu_count() or 2))
+
+
 def _short(queue: str) -> str:
     return queue.removeprefix("automations_")
 
@@ -146,7 +150,7 @@ class Command(BaseCommand):
             "--concurrency", default="fast=2,medium=1,long=1,default=1",
             help="Worker processes per queue: N for every queue, or fast=2,medium=1,long=1,default=1.",
         )  # fmt: skip
-        parser.add_argument("--web-workers", type=int, default=min(4, max(2, os.cpu_count() or 2)))
+        parser.add_argument("--web-workers", type=int, default=default_web_workers())
         parser.add_argument("--stop-timeout", type=float, default=10.0, help="Seconds of grace on Ctrl-C.")
         parser.add_argument(
             "--init-only", action="store_true",

@@ -1,0 +1,378 @@
+"""``manage.py bench --http``: what a user sees, through the real ``up`` topology (issue 11).
+
+Starts the same children ``manage.py up`` starts (the same web server command,
+one Celery worker per queue, beat) on the configured database and broker, on a
+free port. Then, in one invocation:
+
+1. the bare Celery round trip on the same broker and the same fast-queue worker
+   (``ping.apply_async().get()`` p50/p99, and the drain rate of 2n no-ops);
+2. webhook ``POST /fire`` over HTTP → run final, one client: the client's clock
+   from sending the request to seeing the run final, and the run's own
+   ``created_at`` → ``finished_at``. "Seen final" is a poll of the run's status
+   every ``--poll-ms`` (the database by default, as the issue measured; ``--see
+   api`` polls ``GET /api/v1/runs/{id}`` over HTTP instead);
+3. sustained runs/s with 8 and 32 HTTP clients (fires from each client back to
+   back; runs/s = runs / (first fire → last run seen final)), and the fire
+   request's own rate;
+4. the cost of each extra ``transform_data`` step (10-step vs 1-step plan);
+5. runs/s with every run in one workspace vs the same load over 8 workspaces;
+6. audit appends/s from 4 concurrent writer processes on one chain, verified.
+
+Every figure is printed with its ratio to the Celery baseline and the issue's target.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from django.conf import settings
+from django.db import close_old_connections, connection
+
+from bench.engine_bench import FINAL, pct
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Topology:
+    """The children ``manage.py up`` supervises, started with the same argv, each in its own group."""
+
+    def __init__(self, *, web_workers: int, concurrency: dict[str, int]):
+        self.port = _free_port()
+        self.web_workers = web_workers
+        self.concurrency = concurrency
+        self.procs: list[subprocess.Popen] = []
+
+    def __enter__(self) -> Topology:
+        from ops.management.commands.up import build_specs
+
+        log_dir = Path(settings.DATA_DIR) / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        specs = build_specs(
+            host="127.0.0.1", port=self.port, concurrency=self.concurrency, web_workers=self.web_workers
+        )
+        for spec in specs:
+            log = open(log_dir / f"bench-http-{spec.name}.log", "ab")  # noqa: SIM115 - closed with the process
+            self.procs.append(subprocess.Popen(spec.argv, cwd=spec.cwd, env=spec.env, stdout=log,
+                                               stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
+        return self
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        from config.celery import ping
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+                conn.request("GET", "/healthz")
+                conn.getresponse().read()
+                conn.close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"web did not answer on port {self.port}") from None
+                time.sleep(0.2)
+        for queue in self.concurrency:
+            while True:
+                try:
+                    ping.apply_async(queue=queue).get(timeout=5)
+                    break
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"no worker answered on {queue}") from None
+
+    def __exit__(self, *exc) -> None:
+        for proc in self.procs:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for proc in self.procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+class Client:
+    """One keep-alive HTTP/1.1 connection (re-opened when the server closes it); one per thread."""
+
+    def __init__(self, port: int):
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+
+    def request(
+        self, method: str, path: str, body: bytes | None, headers: dict[str, str]
+    ) -> tuple[int, bytes]:
+        for attempt in (1, 2):
+            try:
+                self.conn.request(method, path, body=body, headers=headers)
+                response = self.conn.getresponse()
+                return response.status, response.read()
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                self.conn.close()
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+@dataclass
+class Target:
+    automation_id: str
+    token: str
+
+    def fire(self, client: Client, i: int) -> str:
+        status, body = client.request(
+            "POST", f"/api/v1/automations/{self.automation_id}/fire", b'{"n": %d}' % i,
+            {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
+        )  # fmt: skip
+        if status != 202:
+            raise RuntimeError(f"fire answered {status}: {body[:200]!r}")
+        return json.loads(body)["run_id"]
+
+
+@dataclass
+class Setup:
+    api_token: str = ""
+    workspaces: list = field(default_factory=list)
+    automations: list = field(default_factory=list)
+
+
+def _plan(steps: int) -> list[dict]:
+    return [{"step_id": f"s{i}", "action": "transform_data",
+             "config": {"output": {"greeting": "Hello {{ inputs.name }} #{{ inputs.n }}"}}}
+            for i in range(steps)]  # fmt: skip
+
+
+def _target(setup: Setup, workspace, steps: int) -> Target:
+    from automations import services
+    from triggers.models import Trigger
+    from triggers.services import trigger_token_rotate
+
+    definition = {
+        "schema_version": "1.0", "name": f"bench http {steps} step(s) {uuid.uuid4().hex[:6]}", "plan": _plan(steps),
+        "inputs": {"schema": {"type": "object", "properties": {
+            "n": {"type": "integer"}, "name": {"type": "string", "default": "bench"}}}},
+        "triggers": [{"key": "hook", "type": "webhook", "config": {"rate_limit_per_minute": 100000}}],
+        "execution": {"autonomy": "A4", "concurrency": "allow_parallel"},
+    }  # fmt: skip
+    automation = services.automation_create(workspace=workspace, definition=definition)
+    setup.automations.append((workspace, automation))
+    token = trigger_token_rotate(trigger=Trigger.objects.get(automation=automation))
+    return Target(str(automation.pk), token)
+
+
+class Seer:
+    """Sees a run final the way a client would: polling its status every ``interval`` seconds."""
+
+    def __init__(self, how: str, port: int, api_token: str, interval: float):
+        self.how, self.port, self.api_token, self.interval = how, port, api_token, interval
+
+    def wait(self, run_id: str, client: Client, timeout: float = 60) -> None:
+        from automations.models import Run
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.how == "api":
+                _, body = client.request("GET", f"/api/v1/runs/{run_id}", None,
+                                         {"Authorization": f"Token {self.api_token}"})  # fmt: skip
+                status = json.loads(body).get("status")
+            else:
+                status = Run.objects.filter(pk=run_id).values_list("status", flat=True).first()
+            if status in FINAL:
+                if status != "succeeded":
+                    raise RuntimeError(f"run {run_id} ended {status}")
+                return
+            time.sleep(self.interval)
+        raise RuntimeError(f"run {run_id} not final after {timeout:.0f} s")
+
+
+def _server_ms(run_ids: list[str], start: str = "created_at") -> list[float]:
+    from automations.models import Run
+
+    rows = Run.objects.filter(pk__in=run_ids).values_list(start, "finished_at")
+    return [(finished - begun).total_seconds() * 1000 for begun, finished in rows]
+
+
+def latency(port: int, target: Target, seer: Seer, n: int) -> tuple[list[float], list[str]]:
+    client = Client(port)
+    for i in range(5):  # warm every web worker's connection and caches
+        seer.wait(target.fire(client, -i), client)
+    observed, ids = [], []
+    for i in range(n):
+        started = time.perf_counter()
+        run_id = target.fire(client, i)
+        seer.wait(run_id, client)
+        observed.append((time.perf_counter() - started) * 1000)
+        ids.append(run_id)
+    client.close()
+    return observed, ids
+
+
+def throughput(port: int, targets: list[Target], runs: int, clients: int) -> dict[str, float]:
+    """``runs`` fires from ``clients`` threads (client i fires at ``targets[i % len]``), waits for all final."""
+    from automations.models import Run
+
+    counter = iter(range(runs))
+    lock = threading.Lock()
+    ids: list[str] = []
+    errors = [0]
+
+    def loop(index: int) -> None:
+        client = Client(port)
+        target = targets[index % len(targets)]
+        try:
+            while True:
+                with lock:
+                    i = next(counter, None)
+                if i is None:
+                    return
+                try:
+                    run_id = target.fire(client, i)
+                except Exception:
+                    with lock:
+                        errors[0] += 1
+                    continue
+                with lock:
+                    ids.append(run_id)
+        finally:
+            client.close()
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(loop, range(clients)))
+    fired = time.perf_counter() - started
+    pending = set(ids)
+    deadline = time.monotonic() + 600
+    while pending and time.monotonic() < deadline:
+        for chunk_start in range(0, len(pending), 500):
+            chunk = list(pending)[chunk_start : chunk_start + 500]
+            done = Run.objects.filter(pk__in=chunk, status__in=FINAL).values_list("pk", "status")
+            for pk, status in done:
+                pending.discard(str(pk))
+                if status != "succeeded":
+                    errors[0] += 1
+        if pending:
+            time.sleep(0.005)
+    elapsed = time.perf_counter() - started
+    errors[0] += len(pending)
+    close_old_connections()
+    return {"runs_per_s": len(ids) / elapsed, "fires_per_s": len(ids) / fired, "errors": errors[0]}
+
+
+def audit_writers(processes: int = 4, events: int = 2000) -> tuple[float, str]:
+    from bench import audit_append
+
+    base = audit_append.BENCH_WORKSPACE_BASE + int.from_bytes(os.urandom(3)) * 100
+    rate, _ = audit_append._run("http", [base] * processes, events, 1)
+    return rate, audit_append._verify([base])
+
+
+class Table:
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, str, str]] = []
+
+    def add(self, figure: str, measured: str, ratio: str = "", target: str = "") -> None:
+        self.rows.append((figure, measured, ratio, target))
+        print(f"  {figure}: {measured}  {ratio}  {target}".rstrip(), flush=True)
+
+    def markdown(self) -> str:
+        lines = ["| figure | measured | ratio | target |", "| --- | --- | --- | --- |"]
+        lines += [f"| {' | '.join(row)} |" for row in self.rows]
+        return "\n".join(lines)
+
+
+def _ok(flag: bool) -> str:
+    return "met" if flag else "NOT met"
+
+
+def run(*, n: int, runs: int, web_workers: int, concurrency: dict[str, int], see: str, poll_ms: float,
+        skip: list[str], out: Callable[[str], None]) -> Table:  # fmt: skip
+    from bench.engine_bench import Report, celery_baseline
+    from workspaces.models import Role
+    from workspaces.services import api_token_create, workspace_get_or_create
+
+    slug = f"bench-http-{uuid.uuid4().hex[:6]}"
+    setup = Setup()
+    main_ws = workspace_get_or_create(slug=slug)
+    setup.api_token = api_token_create(username=f"{slug}-user", workspace_slug=slug, role=Role.OPERATOR)
+    one = _target(setup, main_ws, 1)
+    ten = _target(setup, main_ws, 10)
+    spread = [one] + [_target(setup, workspace_get_or_create(slug=f"{slug}-{i}"), 1) for i in range(1, 8)]
+    connection.close()  # the children must not inherit anything; the threads open their own
+
+    table = Table()
+    with Topology(web_workers=web_workers, concurrency=concurrency) as topology:
+        out(f"starting the up topology on port {topology.port} ({web_workers} web workers, {concurrency})")
+        topology.wait_ready()
+        report = Report()
+        celery_baseline(report, n)
+        c50, c99, drain = (
+            report.figures[k] for k in ("celery_p50_ms", "celery_p99_ms", "celery_drain_per_s")
+        )
+        table.add("bare Celery round trip", f"p50 {c50:.2f} ms, p99 {c99:.2f} ms", "1×")
+        table.add("bare Celery drain", f"{drain:.0f} tasks/s", "1×")
+
+        seer = Seer(see, topology.port, setup.api_token, poll_ms / 1000)
+        observed, ids = latency(topology.port, one, seer, n)
+        o50, o99 = pct(observed, 0.5), pct(observed, 0.99)
+        table.add(f"fire → seen succeeded over HTTP (client, {see} poll {poll_ms:g} ms), p50",
+                  f"{o50:.2f} ms", f"{o50 / c50:.2f}× Celery p50", f"≤ 4× ({_ok(o50 <= 4 * c50)}); aim ≤ 3×")  # fmt: skip
+        table.add(
+            "same, p99", f"{o99:.2f} ms", f"{o99 / c99:.2f}× Celery p99", f"≤ 5× ({_ok(o99 <= 5 * c99)})"
+        )
+        server = _server_ms(ids)
+        s50, s99 = pct(server, 0.5), pct(server, 0.99)
+        table.add("run's own created_at → finished_at", f"p50 {s50:.2f} ms, p99 {s99:.2f} ms",
+                  f"{s50 / c50:.2f}× p50, {s99 / c99:.2f}× p99")  # fmt: skip
+
+        if "throughput" not in skip:
+            for clients in (8, 32):
+                result = throughput(topology.port, [one], runs, clients)
+                rate = result["runs_per_s"]
+                target = f"≥ 0.25× ({_ok(rate >= 0.25 * drain and not result['errors'])}); aim ≥ 0.5×"
+                table.add(f"sustained one-step runs/s through fire, {clients} HTTP clients",
+                          f"{rate:.1f} runs/s ({result['errors']} errors; fires accepted {result['fires_per_s']:.0f}/s)",
+                          f"{rate / drain:.3f}× drain", target if clients == 8 else "")  # fmt: skip
+                if clients == 8:
+                    single = rate
+
+        if "slope" not in skip:
+            _, one_ids = latency(topology.port, one, seer, max(20, n // 4))
+            _, ten_ids = latency(topology.port, ten, seer, max(20, n // 4))
+            slope = (
+                pct(_server_ms(ten_ids, "started_at"), 0.5) - pct(_server_ms(one_ids, "started_at"), 0.5)
+            ) / 9
+            table.add("each extra transform_data step (10- vs 1-step, started → finished)", f"{slope:.2f} ms",
+                      f"{slope / c50:.2f}× Celery p50", f"≤ 0.5× ({_ok(slope <= 0.5 * c50)})")  # fmt: skip
+
+        if "workspaces" not in skip and "throughput" not in skip:
+            result = throughput(topology.port, spread, runs, 8)
+            rate = result["runs_per_s"]
+            table.add("runs/s, 8 clients over 8 workspaces", f"{rate:.1f} runs/s ({result['errors']} errors)")
+            table.add("runs/s, one workspace / 8 workspaces", f"{single:.1f} / {rate:.1f}",
+                      f"{single / rate:.2f}×", f"≥ 0.9× ({_ok(single >= 0.9 * rate)})")  # fmt: skip
+
+    if "audit" not in skip:
+        rate, verified = audit_writers()
+        table.add(f"audit appends/s, 4 writer processes, one chain ({connection.vendor})", f"{rate:.0f}/s",
+                  verified, f"≥ 5,000 ({_ok(rate >= 5000)}); aim ≥ 10,000")  # fmt: skip
+    return table
