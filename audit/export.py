@@ -74,7 +74,9 @@ def export_jsonl(out: TextIO, chains: Iterable[str] | None = None) -> ExportCoun
             out.write(canonical_json(line) + "\n")
             counts.checkpoints += 1
         rows = (
-            AuditEvent.objects.filter(chain=chain).order_by("seq").values_list("id", "hash", *HASHED_FIELDS)
+            AuditEvent.objects.filter(chain=chain, seq__isnull=False)
+            .order_by("seq")
+            .values_list("id", "hash", *HASHED_FIELDS)
         )
         for row in rows.iterator(chunk_size=2000):
             line = {

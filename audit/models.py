@@ -1,12 +1,15 @@
 """The append-only, hash-chained audit ledger (SPEC §9).
 
-Rows are written only by :mod:`audit.writer`. The database itself refuses
-UPDATE and DELETE on ``audit_auditevent`` (triggers installed by migration 0002).
+Rows are written only by :mod:`audit.writer` (plain inserts of unsequenced
+entries) and sequenced only by :mod:`audit.sequencer` (the one-time fill of
+``seq``, ``prev_hash`` and ``hash``). The database itself refuses every other
+UPDATE and every DELETE on ``audit_auditevent`` (triggers of migration 0005).
 """
 
 from __future__ import annotations
 
 from django.db import models
+from django.db.models import Q
 
 
 class Outcome(models.TextChoices):
@@ -18,7 +21,8 @@ class Outcome(models.TextChoices):
 
 class AuditEvent(models.Model):
     chain = models.CharField(max_length=64)
-    seq = models.PositiveBigIntegerField()
+    # seq, prev_hash and hash are NULL until the sequencer integrates the entry.
+    seq = models.PositiveBigIntegerField(null=True, blank=True)
     timestamp = models.DateTimeField()
     trace_id = models.CharField(max_length=64)
     stage = models.CharField(max_length=32, blank=True, default="")
@@ -31,8 +35,12 @@ class AuditEvent(models.Model):
     refs = models.JSONField(default=dict, blank=True)
     actor = models.CharField(max_length=200, default="system")
     payload = models.JSONField(default=dict, blank=True)
-    prev_hash = models.CharField(max_length=64)
-    hash = models.CharField(max_length=64, unique=True)
+    prev_hash = models.CharField(max_length=64, null=True, blank=True)
+    hash = models.CharField(max_length=64, unique=True, null=True, blank=True)
+    # sha256 of the entry's content, sealed at append (see audit.writer.entry_hash):
+    # the sequencer refuses to chain an entry whose content no longer matches it.
+    # Empty only on entries written before the sequencer existed (chained at append).
+    entry_hash = models.CharField(max_length=64, blank=True, default="")
 
     class Meta:
         ordering = ["id"]
@@ -41,14 +49,19 @@ class AuditEvent(models.Model):
             models.Index(fields=["trace_id", "id"], name="audit_trace_idx"),
             models.Index(fields=["type", "id"], name="audit_type_idx"),
             models.Index(fields=["workspace_id", "id"], name="audit_workspace_idx"),
+            models.Index(fields=["chain", "id"], condition=Q(seq__isnull=True), name="audit_unsequenced_idx"),
         ]
 
     def __str__(self) -> str:
-        return f"{self.chain}#{self.seq} {self.type}"
+        return f"{self.chain}#{self.seq if self.seq is not None else '(waiting)'} {self.type}"
+
+    @property
+    def sequenced(self) -> bool:
+        return self.seq is not None
 
 
 class AuditChainHead(models.Model):
-    """The current head of one chain; appends lock this row, so a chain grows in one line."""
+    """The sequenced head of one chain. Only the sequencer moves it (appends never touch it)."""
 
     chain = models.CharField(max_length=64, unique=True)
     seq = models.PositiveBigIntegerField(default=0)

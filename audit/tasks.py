@@ -5,9 +5,15 @@ from __future__ import annotations
 from celery import shared_task
 
 from .checkpoints import checkpoint_write
+from .sequencer import sequence_pending
 
 
 @shared_task(name="autoplane.audit_checkpoint", ignore_result=True, soft_time_limit=120, time_limit=180)
 def audit_checkpoint(chain: str | None = None) -> int:
-    """Beat runs this every AUTOPLANE_AUDIT_CHECKPOINT_SECONDS; a redelivery only re-signs an unmoved head."""
+    """Beat runs this every AUTOPLANE_AUDIT_CHECKPOINT_SECONDS; a redelivery only re-signs an unmoved head.
+
+    It sequences what is waiting first, so a checkpoint covers every entry committed
+    before it even where no sequencer process runs.
+    """
+    sequence_pending()
     return len(checkpoint_write(chain))

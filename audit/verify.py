@@ -8,9 +8,14 @@ signature and names an event that still exists with exactly the signed hash.
 The last check is what reveals a truncated tail, even when whoever deleted the
 rows also rewound the head row.
 
-Verification streams the events (``.iterator()``) and runs beside writers: the
-head and checkpoints are read first, so anything appended during the walk is
-either checked or left for the next run, never reported as broken.
+Verification covers the *sequenced* prefix of each chain (see
+:mod:`audit.sequencer`); entries still waiting for the sequencer are counted
+(``waiting``) and each is checked against the entry hash sealed at append, so
+an entry altered while it waits is reported too.
+
+Verification streams the events (``.iterator()``) and runs beside writers and
+the sequencer: the head and checkpoints are read first, so anything sequenced
+during the walk is either checked or left for the next run, never reported as broken.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 from .checkpoints import checkpoint_signature_valid
 from .models import AuditChainHead, AuditCheckpoint, AuditEvent
-from .writer import GENESIS_HASH, HASHED_FIELDS, event_hash
+from .writer import CONTENT_FIELDS, GENESIS_HASH, HASHED_FIELDS, entry_hash, event_hash
 
 _CHUNK = 2000
 
@@ -47,6 +52,7 @@ class VerifyResult:
     chains: list[str] = field(default_factory=list)
     events: int = 0
     checkpoints: int = 0
+    waiting: int = 0
     broken: BrokenLink | None = None
 
     @property
@@ -59,6 +65,7 @@ class VerifyResult:
             "chains": len(self.chains),
             "events": self.events,
             "checkpoints": self.checkpoints,
+            "waiting": self.waiting,
             "broken": asdict(self.broken) if self.broken else None,
         }
 
@@ -66,6 +73,7 @@ class VerifyResult:
         self.chains.extend(other.chains)
         self.events += other.events
         self.checkpoints += other.checkpoints
+        self.waiting += other.waiting
         self.broken = self.broken or other.broken
 
 
@@ -88,17 +96,17 @@ def verify_chain(chain: str) -> VerifyResult:
             )
 
     rows = (
-        AuditEvent.objects.filter(chain=chain)
+        AuditEvent.objects.filter(chain=chain, seq__isnull=False)
         .order_by("seq")
-        .values_list("id", "hash", *HASHED_FIELDS)
+        .values_list("id", "hash", "entry_hash", *HASHED_FIELDS)
         .iterator(chunk_size=_CHUNK)
     )
     expected_seq, prev_hash, last_id = 1, GENESIS_HASH, None
     head_seen = head is None or head[0] == 0
     pending = 0  # index of the next checkpoint to meet
     for row in rows:
-        event_id, stored_hash = row[0], row[1]
-        fields = dict(zip(HASHED_FIELDS, row[2:], strict=True))
+        event_id, stored_hash, sealed = row[0], row[1], row[2]
+        fields = dict(zip(HASHED_FIELDS, row[3:], strict=True))
         seq = fields["seq"]
         if seq != expected_seq:
             return broken(
@@ -108,6 +116,10 @@ def verify_chain(chain: str) -> VerifyResult:
             )
         if event_hash(fields) != stored_hash:
             return broken("content does not match its hash (the row was altered)", event_id=event_id, seq=seq)
+        if sealed and entry_hash(fields) != sealed:
+            return broken(
+                "content does not match its entry hash (the row was altered)", event_id=event_id, seq=seq
+            )
         if fields["prev_hash"] != prev_hash:
             return broken("prev_hash does not match the previous event's hash", event_id=event_id, seq=seq)
         while pending < len(checkpoints) and checkpoints[pending].seq == seq:
@@ -147,6 +159,23 @@ def verify_chain(chain: str) -> VerifyResult:
         )
     if head is None and last_id is not None:
         return broken("chain head row is missing", event_id=last_id, seq=last_seq)
+    return _verify_waiting(chain, result, broken)
+
+
+def _verify_waiting(chain: str, result: VerifyResult, broken) -> VerifyResult:
+    """Entries not yet sequenced: each must still match the entry hash sealed when it was appended."""
+    waiting = (
+        AuditEvent.objects.filter(chain=chain, seq__isnull=True)
+        .order_by("id")
+        .values_list("id", "entry_hash", *CONTENT_FIELDS)
+        .iterator(chunk_size=_CHUNK)
+    )
+    for event_id, sealed, *content in waiting:
+        if not sealed or entry_hash(dict(zip(CONTENT_FIELDS, content, strict=True))) != sealed:
+            return broken(
+                "waiting entry does not match its entry hash (the row was altered)", event_id=event_id
+            )
+        result.waiting += 1
     return result
 
 

@@ -1,17 +1,15 @@
 """The only way into the audit ledger.
 
 Call :func:`append` inside the transaction that makes the change it records.
-Each chain (one per workspace, plus ``platform``) is serialised by locking its
-head row, so concurrent writers from many processes keep one valid chain while
-different workspaces append in parallel. The lock is held until the caller's
-transaction ends, so append as late in the transaction as is natural.
+An append is a plain INSERT of an *unsequenced* entry: it takes no lock and
+reads nothing, so concurrent writers of one workspace never wait for each
+other. The entry's content is sealed by its ``entry_hash`` at once; the
+sequencer (:mod:`audit.sequencer`) later gives it its ``seq`` and ``prev_hash``
+and chains it (``hash``), in order, within the maximum merge delay. Several
+events of one transaction go in one statement inside :func:`batch`.
 
-On PostgreSQL an append is one SQL statement (move the head, which locks it,
-computing the hash on the way; insert the row): the database computes sha256 over the same
-canonical JSON that :func:`event_hash` builds, with ``prev_hash``, ``seq`` and
-``timestamp`` filled in under the lock. On SQLite, where a write transaction
-holds the database's one write lock, it is four short statements with the hash
-computed here. Both paths produce rows that :func:`event_hash` reproduces exactly.
+``hash`` is :func:`event_hash` over the same canonical JSON as before the
+sequencer existed, so verification and the offline verifier are unchanged.
 """
 
 from __future__ import annotations
@@ -19,12 +17,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import connections, router, transaction
+from django.db import connections, router
 from django.utils import timezone
 
 from .models import AuditEvent, Outcome
@@ -35,12 +35,8 @@ HASHED_FIELDS = (
     "chain", "seq", "timestamp", "trace_id", "stage", "type", "summary",
     "outcome", "workspace_id", "refs", "actor", "payload", "prev_hash",
 )  # fmt: skip
-# The fields the database fills in under the chain lock, in canonical (sorted) order.
-_LOCKED_FIELDS = ("prev_hash", "seq", "timestamp")
-# (name, '"name":' with its leading comma) in canonical (sorted) order.
-_SORTED_KEYS = [
-    (name, ("," if i else "") + json.dumps(name) + ":") for i, name in enumerate(sorted(HASHED_FIELDS))
-]
+# What an entry is, apart from its place in the chain (which the sequencer gives it).
+CONTENT_FIELDS = tuple(name for name in HASHED_FIELDS if name not in ("seq", "prev_hash"))
 _FIELD_LIMITS = {"trace_id": 64, "type": 64, "stage": 32}
 
 
@@ -125,148 +121,77 @@ def _cap_payload(payload: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _hash_text_parts(fields: dict[str, Any]) -> list[str]:
-    """The canonical JSON of an event split around ``prev_hash``, ``seq`` and ``timestamp``.
+def entry_hash(fields: dict[str, Any]) -> str:
+    """sha256 over the canonical serialisation of an entry's content (everything but its place in the chain).
 
-    ``parts[0] + prev_hash + parts[1] + str(seq) + parts[2] + timestamp + parts[3]``
-    equals the text :func:`event_hash` hashes (tested).
+    Sealed at append; the sequencer recomputes it before it chains the entry, so
+    an entry altered while it waits is refused rather than vouched for.
     """
-    parts: list[str] = []
-    buf = "{"
-    for name, key in _SORTED_KEYS:
-        buf += key
-        if name in _LOCKED_FIELDS:
-            quote = "" if name == "seq" else '"'
-            parts.append(buf + quote)
-            buf = quote
-        else:
-            buf += canonical_json(fields[name])
-    parts.append(buf + "}")
-    return parts
+    material = {name: fields[name] for name in CONTENT_FIELDS}
+    material["timestamp"] = format_timestamp(material["timestamp"])
+    return hashlib.sha256(canonical_json(material).encode()).hexdigest()
 
 
-# One UPDATE moves the head: its row lock serialises the chain (a concurrent
-# append waits, then re-evaluates SET against the row as committed), SET sees the
-# old values and RETURNING the new ones, so prev_hash is the old head_hash. The
-# timestamp is the database clock, kept strictly increasing along the chain.
-# Parameters carry explicit casts: the statement is bound server-side and prepared.
-_PG_APPEND = """
-WITH moved AS (
-    UPDATE audit_auditchainhead AS h
-    SET seq = h.seq + 1,
-        prev_hash = h.head_hash,
-        last_timestamp = GREATEST(c.now, h.last_timestamp + interval '1 microsecond'),
-        head_hash = encode(sha256(convert_to(
-            %(p0)s::text || h.head_hash || %(p1)s::text || (h.seq + 1)::text || %(p2)s::text
-            || to_char(GREATEST(c.now, h.last_timestamp + interval '1 microsecond') AT TIME ZONE 'UTC',
-                       'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')
-            || %(p3)s::text, 'UTF8')), 'hex')
-    FROM (SELECT clock_timestamp() AS now) AS c
-    WHERE h.chain = %(chain)s::text
-    RETURNING h.seq, h.last_timestamp, h.prev_hash, h.head_hash
-)
-INSERT INTO audit_auditevent
-    (chain, seq, timestamp, trace_id, stage, type, summary, outcome,
-     workspace_id, refs, actor, payload, prev_hash, hash)
-SELECT %(chain)s::text, moved.seq, moved.last_timestamp, %(trace_id)s::text, %(stage)s::text, %(type)s::text,
-       %(summary)s::text, %(outcome)s::text, %(workspace_id)s::bigint, %(refs)s::text::jsonb,
-       %(actor)s::text, %(payload)s::text::jsonb, moved.prev_hash, moved.head_hash
-FROM moved
-RETURNING id, seq, timestamp, prev_hash, hash
-"""
-_PG_CREATE_HEAD = """
-INSERT INTO audit_auditchainhead (chain, seq, head_hash, prev_hash)
-VALUES (%(chain)s::text, 0, %(genesis)s::text, %(genesis)s::text)
-ON CONFLICT (chain) DO NOTHING
-"""
+_COLUMNS = ("chain", "timestamp", "trace_id", "stage", "type", "summary", "outcome",
+            "workspace_id", "refs", "actor", "payload", "entry_hash")  # fmt: skip
+_PG_ROW = "(%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s::jsonb, %s)"
+_SQLITE_ROW = "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 
 
-def _pg_cursor(connection):
-    """A server-side-binding psycopg cursor on Django's connection (and so in its transaction).
+def _insert(connection, entries: list[dict[str, Any]]) -> list[AuditEvent]:
+    """One INSERT for all ``entries``: no lock, no read, nothing shared with other writers."""
+    row = _PG_ROW if connection.vendor == "postgresql" else _SQLITE_ROW
+    params: list[Any] = []
+    for fields in entries:
+        timestamp = fields["timestamp"]
+        if connection.vendor != "postgresql":
+            timestamp = connection.ops.adapt_datetimefield_value(timestamp)
+        params += [
+            fields["chain"], timestamp, fields["trace_id"], fields["stage"], fields["type"], fields["summary"],
+            fields["outcome"], fields["workspace_id"], canonical_json(fields["refs"]), fields["actor"],
+            canonical_json(fields["payload"]), fields["entry_hash"],
+        ]  # fmt: skip
+    # Placeholders only: no value is ever formatted into the statement.
+    rows = ", ".join([row] * len(entries))
+    sql = f"INSERT INTO audit_auditevent ({', '.join(_COLUMNS)}) VALUES {rows} RETURNING id"  # noqa: S608
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        ids = [r[0] for r in cursor.fetchall()]
+    events = []
+    for event_id, fields in zip(sorted(ids), entries, strict=True):
+        event = AuditEvent(id=event_id, **fields)
+        event._state.adding = False
+        event._state.db = connection.alias
+        events.append(event)
+    return events
 
-    Django binds parameters client-side and disables prepared statements (for
-    transaction-pooling PgBouncers). The append statement is long and hot, and
-    prepared it skips ~0.1 ms of planning per event; set
-    ``AUTOPLANE_AUDIT_PREPARED_STATEMENTS = False`` behind a pooler that cannot
-    keep prepared statements (PgBouncer < 1.21, or ``max_prepared_statements = 0``).
+
+class _Batch(threading.local):
+    entries: list[dict[str, Any]] | None = None
+
+
+_batch = _Batch()
+
+
+@contextmanager
+def batch() -> Iterator[None]:
+    """Collect the appends made inside the block and write them in one INSERT when it ends.
+
+    Use it inside the transaction that makes the changes recorded, e.g. around a
+    step's bookkeeping. Nested blocks join the outermost one. If the block raises,
+    nothing is written (the caller's transaction is failing anyway).
     """
-    import psycopg
-
-    connection.ensure_connection()
-    connection.validate_no_broken_transaction()
-    return psycopg.Cursor(connection.connection)
-
-
-def _append_postgresql(connection, fields: dict[str, Any]) -> AuditEvent:
-    p0, p1, p2, p3 = _hash_text_parts(fields)
-    params = {
-        **fields,
-        "refs": canonical_json(fields["refs"]),
-        "payload": canonical_json(fields["payload"]),
-        "p0": p0,
-        "p1": p1,
-        "p2": p2,
-        "p3": p3,
-    }
-    prepare = bool(settings.AUTOPLANE_AUDIT_PREPARED_STATEMENTS)
-    with connection.wrap_database_errors, _pg_cursor(connection) as cursor:
-        cursor.execute(_PG_APPEND, params, prepare=prepare)
-        row = cursor.fetchone()
-        if row is None:  # first event of this chain
-            cursor.execute(_PG_CREATE_HEAD, {"chain": fields["chain"], "genesis": GENESIS_HASH})
-            cursor.execute(_PG_APPEND, params, prepare=prepare)
-            row = cursor.fetchone()
-    event_id, seq, ts, prev_hash, hash_ = row
-    event = AuditEvent(id=event_id, seq=seq, timestamp=ts, prev_hash=prev_hash, hash=hash_, **fields)
-    event._state.adding = False
-    event._state.db = connection.alias
-    return event
-
-
-_SQLITE_INSERT = """
-INSERT INTO audit_auditevent
-    (chain, seq, timestamp, trace_id, stage, type, summary, outcome,
-     workspace_id, refs, actor, payload, prev_hash, hash)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
-"""
-
-
-def _append_sqlite(connection, fields: dict[str, Any]) -> AuditEvent:
-    # SQLite has one writer at a time. Moving the head first takes the write lock
-    # even in a DEFERRED transaction, so the head read next cannot be stale.
-    # savepoint=False: a failed append must fail the caller's transaction anyway.
-    chain = fields["chain"]
-    with transaction.atomic(using=connection.alias, savepoint=False), connection.cursor() as cursor:
-        cursor.execute("UPDATE audit_auditchainhead SET seq = seq + 1 WHERE chain = %s", [chain])
-        if cursor.rowcount == 0:
-            cursor.execute(
-                "INSERT INTO audit_auditchainhead (chain, seq, head_hash, prev_hash) VALUES (%s, 1, %s, %s)",
-                [chain, GENESIS_HASH, GENESIS_HASH],
-            )
-        cursor.execute("SELECT seq, head_hash FROM audit_auditchainhead WHERE chain = %s", [chain])
-        seq, prev_hash = cursor.fetchone()
-        # Taken under the write lock, so timestamps increase along the chain.
-        fields.update(seq=seq, prev_hash=prev_hash, timestamp=timezone.now())
-        fields["hash"] = event_hash(fields)
-        timestamp = connection.ops.adapt_datetimefield_value(fields["timestamp"])
-        cursor.execute(
-            _SQLITE_INSERT,
-            [
-                chain, seq, timestamp, fields["trace_id"],
-                fields["stage"], fields["type"], fields["summary"], fields["outcome"], fields["workspace_id"],
-                canonical_json(fields["refs"]), fields["actor"], canonical_json(fields["payload"]),
-                prev_hash, fields["hash"],
-            ],
-        )  # fmt: skip
-        event_id = cursor.lastrowid
-        cursor.execute(
-            "UPDATE audit_auditchainhead SET head_hash = %s, prev_hash = %s, last_timestamp = %s WHERE chain = %s",
-            [fields["hash"], prev_hash, timestamp, chain],
-        )
-    event = AuditEvent(id=event_id, **fields)
-    event._state.adding = False
-    event._state.db = connection.alias
-    return event
+    if _batch.entries is not None:
+        yield
+        return
+    _batch.entries = []
+    try:
+        yield
+        entries = _batch.entries
+    finally:
+        _batch.entries = None
+    if entries:
+        _insert(connections[router.db_for_write(AuditEvent)], entries)
 
 
 def append(
@@ -282,7 +207,9 @@ def append(
     payload: dict[str, Any] | None = None,
     secrets: Iterable[str] = (),
 ) -> AuditEvent:
-    """Append one event to its workspace's chain and return it.
+    """Append one event to its workspace's chain (unsequenced: see :mod:`audit.sequencer`) and return it.
+
+    Inside :func:`batch` the event is written when the block ends (and returned unsaved).
 
     ``secrets`` are values (credential material, tokens) that must never be
     stored: every occurrence in summary, refs or payload becomes ``[REDACTED]``.
@@ -309,9 +236,12 @@ def append(
     for name, limit in _FIELD_LIMITS.items():
         if len(fields[name]) > limit:
             raise ValueError(f"audit {name} longer than {limit} characters")
+    fields["timestamp"] = timezone.now()
+    fields["entry_hash"] = entry_hash(fields)
+    if _batch.entries is not None:
+        _batch.entries.append(fields)
+        return AuditEvent(**fields)
     connection = connections[router.db_for_write(AuditEvent)]
-    if connection.vendor == "postgresql":
-        return _append_postgresql(connection, fields)
-    if connection.vendor == "sqlite":
-        return _append_sqlite(connection, fields)
-    raise NotImplementedError(f"the audit ledger supports PostgreSQL and SQLite, not {connection.vendor}")
+    if connection.vendor not in ("postgresql", "sqlite"):
+        raise NotImplementedError(f"the audit ledger supports PostgreSQL and SQLite, not {connection.vendor}")
+    return _insert(connection, [fields])[0]

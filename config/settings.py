@@ -176,9 +176,14 @@ AUTOPLANE_RETIRED_PUBLIC_KEY_FILES = [
 AUTOPLANE_SIGNING_KEY_AUTOGENERATE = env.bool(
     "AUTOPLANE_SIGNING_KEY_AUTOGENERATE", default=DATABASE_IS_SQLITE
 )
-# The PostgreSQL audit append is a prepared statement; turn off behind a pooler
-# (PgBouncer in transaction mode) that cannot keep prepared statements.
-AUTOPLANE_AUDIT_PREPARED_STATEMENTS = env.bool("AUTOPLANE_AUDIT_PREPARED_STATEMENTS", default=True)
+# The audit sequencer (docs/audit.md): appends wait at most this long before they
+# are chained (reported by /healthz and /metrics); the sequencer polls every
+# INTERVAL and chains at most BATCH entries of a chain per transaction.
+AUTOPLANE_AUDIT_MAX_MERGE_DELAY_SECONDS = env.float("AUTOPLANE_AUDIT_MAX_MERGE_DELAY_SECONDS", default=1.0)
+AUTOPLANE_AUDIT_SEQUENCE_INTERVAL_SECONDS = env.float(
+    "AUTOPLANE_AUDIT_SEQUENCE_INTERVAL_SECONDS", default=0.2
+)
+AUTOPLANE_AUDIT_SEQUENCE_BATCH = env.int("AUTOPLANE_AUDIT_SEQUENCE_BATCH", default=2000)
 AUTOPLANE_AUDIT_CHECKPOINT_SECONDS = env.int("AUTOPLANE_AUDIT_CHECKPOINT_SECONDS", default=300)
 AUTOPLANE_AUDIT_MAX_PAYLOAD_BYTES = env.int("AUTOPLANE_AUDIT_MAX_PAYLOAD_BYTES", default=64 * 1024)
 

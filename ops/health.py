@@ -32,6 +32,7 @@ from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 from kombu.exceptions import ChannelError
 
+from audit.sequencer import backlog as audit_backlog
 from config.celery import QUEUES
 from config.celery import app as celery_app
 from ops.models import HeartbeatKind
@@ -128,12 +129,32 @@ def check_supervised() -> dict[str, Any] | None:
     return {name: child_health(child, now) for name, child in sorted(state.get("children", {}).items())}
 
 
+def check_audit_sequencer() -> dict[str, Any]:
+    """Appended audit entries are chained within the maximum merge delay (docs/audit.md)."""
+    try:
+        waiting = audit_backlog()
+    except Exception as exc:
+        return _failure("audit sequencer", exc)
+    check: dict[str, Any] = {
+        "ok": waiting.within_bound,
+        "waiting_entries": waiting.entries,
+        "merge_delay_seconds": waiting.oldest_age_seconds,
+        "max_merge_delay_seconds": settings.AUTOPLANE_AUDIT_MAX_MERGE_DELAY_SECONDS,
+    }
+    if not waiting.within_bound:
+        check["error"] = "audit entries wait longer than the maximum merge delay: is the sequencer running?"
+    return check
+
+
 def health_report() -> dict[str, Any]:
-    checks: dict[str, Any] = {"database": check_database(), "broker": check_broker(), **check_processes()}
+    checks: dict[str, Any] = {
+        "database": check_database(), "broker": check_broker(), **check_processes(),
+        "audit_sequencer": check_audit_sequencer(),
+    }  # fmt: skip
     supervised = check_supervised()
     if supervised is not None:
         checks["processes"] = supervised
-    failing = [name for name in ("database", "broker", "beat") if not checks[name]["ok"]]
+    failing = [name for name in ("database", "broker", "beat", "audit_sequencer") if not checks[name]["ok"]]
     failing += [f"queues.{queue}" for queue, check in checks["queues"].items() if not check["ok"]]
     failing += [f"processes.{name}" for name, check in (supervised or {}).items() if not check["ok"]]
     return {"status": "degraded" if failing else "ok", "failing": failing, "checks": checks}

@@ -27,6 +27,7 @@ from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from audit.sequencer import backlog as audit_backlog
 from config.celery import QUEUES
 from ops.health import broker_backlog
 
@@ -174,6 +175,17 @@ def audit() -> Iterator[Metric]:
     )  # fmt: skip
     yield GaugeMetricFamily("autoplane_audit_chains", "Audit chains (one per workspace plus platform).",
                             value=totals["chains"])  # fmt: skip
+    waiting = audit_backlog()
+    yield GaugeMetricFamily("autoplane_audit_unsequenced_entries", "Audit entries waiting for the sequencer.",
+                            value=waiting.entries)  # fmt: skip
+    yield GaugeMetricFamily(
+        "autoplane_audit_merge_delay_seconds", "How long the oldest audit entry waiting for the sequencer has waited.",
+        value=waiting.oldest_age_seconds,
+    )  # fmt: skip
+    yield GaugeMetricFamily(
+        "autoplane_audit_max_merge_delay_seconds", "The bound on the merge delay (AUTOPLANE_AUDIT_MAX_MERGE_DELAY_SECONDS).",
+        value=settings.AUTOPLANE_AUDIT_MAX_MERGE_DELAY_SECONDS,
+    )  # fmt: skip
 
 
 SECTIONS: dict[str, Callable[[], Iterable[Metric]]] = {

@@ -52,7 +52,7 @@ def _patch_sqlite_flush() -> None:
 
     if getattr(DatabaseOperations.sql_flush, "keeps_audit_guard", False):
         return
-    guard = importlib.import_module("audit.migrations.0002_append_only_guard")
+    guard = importlib.import_module("audit.migrations.0005_sequencer")
     original = DatabaseOperations.sql_flush
 
     def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 from django.db import connection
 
-from audit import signing
+from audit import sequencer, signing, writer
 from audit.models import AuditChainHead, AuditCheckpoint, AuditEvent
 
-_guard = importlib.import_module("audit.migrations.0002_append_only_guard")
+_guard = importlib.import_module("audit.migrations.0005_sequencer")
 
 
 @pytest.fixture(autouse=True)
@@ -24,6 +24,25 @@ def signing_key_file(settings, tmp_path):
     settings.AUTOPLANE_RETIRED_PUBLIC_KEY_FILES = []
     signing.generate_key_file(key_file)
     return key_file
+
+
+@pytest.fixture(autouse=True)
+def sequenced_appends(request, monkeypatch):
+    """Most ledger tests examine chains: each append here is followed by a sequencer pass over its chain.
+
+    Mark a test ``unsequenced`` to see appends as they are before the sequencer runs.
+    """
+    if request.node.get_closest_marker("unsequenced"):
+        return
+    append = writer.append
+
+    def append_then_sequence(**kwargs):
+        event = append(**kwargs)
+        sequencer.sequence_chain(event.chain)
+        event.refresh_from_db()
+        return event
+
+    monkeypatch.setattr(writer, "append", append_then_sequence)
 
 
 def _drop_guard() -> None:
@@ -76,7 +95,12 @@ def _rewind_head(chain: str, to: AuditEvent) -> None:
 def tamper(db):
     """Raw-SQL tampering helpers. Inside a test transaction the dropped trigger comes back on rollback."""
     _drop_guard()
-    return SimpleNamespace(set_payload=_set_payload, delete_events=_delete_events, rewind_head=_rewind_head)
+    return SimpleNamespace(
+        set_payload=_set_payload,
+        delete_events=_delete_events,
+        rewind_head=_rewind_head,
+        restore=_install_guard,
+    )
 
 
 @pytest.fixture

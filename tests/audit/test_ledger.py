@@ -18,6 +18,7 @@ from django.utils import timezone
 from audit import writer
 from audit.checkpoints import checkpoint_write
 from audit.models import AuditChainHead, AuditCheckpoint, AuditEvent
+from audit.sequencer import sequence_pending
 from audit.verify import verify_chain
 
 BASE_DIR = Path(settings.BASE_DIR)
@@ -25,23 +26,6 @@ BASE_DIR = Path(settings.BASE_DIR)
 
 def _stored_fields(event: AuditEvent) -> dict:
     return {name: getattr(event, name) for name in writer.HASHED_FIELDS}
-
-
-def test_hash_text_parts_reassemble_the_canonical_json():
-    # given the fields of an event with awkward content
-    fields = {
-        "chain": "ws-1", "trace_id": "t", "stage": "run", "type": "x.y", "summary": 'quote " and ü',
-        "outcome": "info", "workspace_id": 1, "refs": {"b": [1, 2.5], "a": None},
-        "actor": "me", "payload": {"z": {"nested": "\u2603"}, "a": 1},
-    }  # fmt: skip
-    ts = timezone.now()
-    # when the database fills in prev_hash, seq and timestamp between the parts
-    p0, p1, p2, p3 = writer._hash_text_parts(fields)
-    text = p0 + "ab" * 32 + p1 + "17" + p2 + ts.isoformat(timespec="microseconds") + p3
-    # then it is exactly the text event_hash hashes
-    material = {**fields, "prev_hash": "ab" * 32, "seq": 17, "timestamp": ts}
-    material["timestamp"] = writer.format_timestamp(ts)
-    assert text == writer.canonical_json(material)
 
 
 @pytest.mark.django_db
@@ -232,7 +216,8 @@ def _database_url_for_children() -> str:
 
 @pytest.mark.timeout(300)
 def test_four_processes_appending_500_each_keep_one_valid_chain(committed_ledger, tmp_path):
-    # given four separate processes pointed at the test database, released together
+    # given four separate processes pointed at the test database, released together,
+    # and a sequencer process chaining while they append
     env = {
         **os.environ,
         "DATABASE_URL": _database_url_for_children(),
@@ -250,19 +235,29 @@ def test_four_processes_appending_500_each_keep_one_valid_chain(committed_ledger
         assert time.monotonic() < deadline, "children did not start"
         assert all(p.poll() is None for _, p in children), [p.stderr.read().decode() for _, p in children]
         time.sleep(0.01)
+    sequencer_process = subprocess.Popen(
+        [sys.executable, "manage.py", "audit_sequencer"], env={**env, "AUTOPLANE_AUDIT_SEQUENCE_BATCH": "50"},
+        cwd=BASE_DIR, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
     # when they all append at once
     go.touch()
-    for _, process in children:
-        _, stderr = process.communicate(timeout=240)
-        assert process.returncode == 0, stderr.decode()[-3000:]
-    # then there are exactly 2,000 events forming one valid chain, 500 from each process
+    try:
+        for _, process in children:
+            _, stderr = process.communicate(timeout=240)
+            assert process.returncode == 0, stderr.decode()[-3000:]
+    finally:
+        sequencer_process.terminate()
+        _, sequencer_errors = sequencer_process.communicate(timeout=60)
+    assert b"Traceback" not in sequencer_errors, sequencer_errors.decode()[-3000:]
+    sequence_pending()  # whatever the sequencer had not reached yet
+    # then there are exactly 2,000 events forming one valid chain, 500 from each process,
+    # each process's events in the order it appended them
     events = AuditEvent.objects.filter(chain="ws-4242")
     assert events.count() == 2000
     assert sorted(events.values_list("seq", flat=True)) == list(range(1, 2001))
-    timestamps = list(events.order_by("seq").values_list("timestamp", flat=True))
-    assert timestamps == sorted(timestamps)
     for name in "abcd":
-        assert events.filter(trace_id=f"proc-{name}").count() == 500
+        mine = events.filter(trace_id=f"proc-{name}").order_by("seq").values_list("payload", flat=True)
+        assert [payload["i"] for payload in mine] == list(range(500))
     result = verify_chain("ws-4242")
     assert result.ok, result.broken
     assert result.events == 2000

@@ -8,6 +8,7 @@ import stat
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connection
 
 from audit import offline_verify, signing, writer
 from audit.checkpoints import checkpoint_bytes, checkpoint_write
@@ -54,11 +55,10 @@ def test_altered_row_with_recomputed_hash_breaks_the_next_link(tamper):
     fields = {name: getattr(row, name) for name in writer.HASHED_FIELDS}
     fields["payload"] = {"i": 999}
     tamper.set_payload(row.id, {"i": 999})
-    from django.db import connection
-
-    with connection.cursor() as cursor:
+    with connection.cursor() as cursor:  # a careful attacker reseals the entry and rehashes the row
         cursor.execute(
-            "UPDATE audit_auditevent SET hash = %s WHERE id = %s", [writer.event_hash(fields), row.id]
+            "UPDATE audit_auditevent SET hash = %s, entry_hash = %s WHERE id = %s",
+            [writer.event_hash(fields), writer.entry_hash(fields), row.id],
         )
     result = verify_chain("ws-1")
     assert result.broken.event_id == events[2].id

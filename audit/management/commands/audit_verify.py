@@ -10,7 +10,7 @@ from audit.verify import verify_all
 class Command(BaseCommand):
     help = (
         "Verify the audit ledger: every hash, every prev_hash link, seq continuity, the chain heads and the "
-        "signed checkpoints. Exit 0 with the counts, or exit 1 naming the first broken link."
+        "signed checkpoints (the sequenced prefix), and the entries still waiting for the sequencer. Exit 0 with the counts, or exit 1 naming the first broken link."
     )
 
     def add_arguments(self, parser):
@@ -22,5 +22,6 @@ class Command(BaseCommand):
             raise CommandError(f"audit ledger BROKEN: {result.broken}", returncode=1)
         self.stdout.write(
             f"audit ledger OK: {result.events} events and {result.checkpoints} checkpoints verified "
-            f"in {len(result.chains)} chain(s)"
+            f"in {len(result.chains)} chain(s); {result.waiting} entries waiting for the sequencer "
+            "(checked against their entry hashes)"
         )

@@ -2,7 +2,7 @@
 
 Migrates, bootstraps an empty installation (admin user, ``default`` workspace,
 API token, signing key, example automations), then supervises the web server,
-one Celery worker per queue and exactly one beat (see ``ops/supervisor.py``
+one Celery worker per queue, exactly one beat and the audit sequencer (see ``ops/supervisor.py``
 for the restart and shutdown policy).
 """
 
@@ -95,6 +95,7 @@ def build_specs(*, host: str, port: int, concurrency: dict[str, int], web_worker
     beat = [python, "-m", "celery", "-A", "config", "beat", "-S", "django_celery_beat.schedulers:DatabaseScheduler",
             "-l", "INFO"]  # fmt: skip
     specs.append(ChildSpec("beat", beat, env, cwd))
+    specs.append(ChildSpec("sequencer", [python, "manage.py", "audit_sequencer"], env, cwd))
     return specs
 
 

@@ -1,0 +1,33 @@
+"""``manage.py audit_sequencer``: chain appended audit entries, forever (``up`` runs one), or once."""
+
+from __future__ import annotations
+
+import signal
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from audit.sequencer import run_forever, sequence_pending
+
+
+class Command(BaseCommand):
+    help = (
+        "Integrate appended audit entries into their hash chains, in order, every "
+        "AUTOPLANE_AUDIT_SEQUENCE_INTERVAL_SECONDS (or once with --once). Safe to kill at any point."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--once", action="store_true", help="sequence what is waiting now, then exit")
+
+    def handle(self, *args, once: bool, **options):
+        if once:
+            self.stdout.write(f"{sequence_pending()} entries sequenced")
+            return
+        stopping = []
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stopping.append(True))
+        self.stdout.write(
+            f"audit sequencer: every {settings.AUTOPLANE_AUDIT_SEQUENCE_INTERVAL_SECONDS:g} s, "
+            f"max merge delay {settings.AUTOPLANE_AUDIT_MAX_MERGE_DELAY_SECONDS:g} s"
+        )
+        run_forever(interval=settings.AUTOPLANE_AUDIT_SEQUENCE_INTERVAL_SECONDS, stop=lambda: bool(stopping))
