@@ -1,20 +1,59 @@
-"""Replacing secret values wherever they appear in JSON-like data."""
+"""Replacing secret values wherever they appear in JSON-like data.
+
+Besides the literal value, the forms a secret commonly takes on its way through an HTTP
+echo or a log line are replaced too: URL-encoded (``quote`` and ``quote_plus``), hex
+(lower and upper case), and base64 (standard and URL-safe alphabets), the latter at
+each of the three byte alignments the secret can have inside a longer encoded text, so
+``base64(prefix + secret + suffix)`` is caught as well as ``base64(secret)``.
+
+What this cannot catch: any other transformation (reversed, split, XORed, compressed,
+encrypted, one character per line...). Code that receives a secret can always leak it;
+that is why credentials reach code steps only when their grant allows it
+(``capabilities.grants``), and redaction is a last line of defence, not the control.
+"""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterable
+from functools import lru_cache
 from typing import Any
+from urllib.parse import quote, quote_plus
 
 REDACTED = "[REDACTED]"
 _MIN_SECRET_LENGTH = 4  # shorter "secrets" would redact ordinary words
+_MIN_ENCODED_LENGTH = 6  # a shorter fragment of an encoding is likely to occur by chance
 
 
 def redact(value: Any, secrets: Iterable[str]) -> Any:
-    """Return ``value`` with every occurrence of every secret replaced by ``[REDACTED]``."""
-    needles = sorted({s for s in secrets if s and len(s) >= _MIN_SECRET_LENGTH}, key=len, reverse=True)
+    """Return ``value`` with every occurrence of every secret (and its encodings) replaced by ``[REDACTED]``."""
+    forms: set[str] = set()
+    for secret in secrets:
+        if secret and len(secret) >= _MIN_SECRET_LENGTH:
+            forms.update(encoded_forms(secret))
+    needles = sorted(forms, key=len, reverse=True)
     if not needles:
         return value
     return _redact(value, needles)
+
+
+@lru_cache(maxsize=1024)
+def encoded_forms(secret: str) -> frozenset[str]:
+    """The secret and the encodings of it that redaction looks for."""
+    raw = secret.encode("utf-8", "surrogatepass")
+    forms = {secret, quote(secret, safe=""), quote_plus(secret, safe=""), raw.hex(), raw.hex().upper()}
+    for shift in range(3):  # the secret's byte offset modulo 3 inside a longer base64 text
+        encoded = base64.b64encode(b"\0" * shift + raw + b"\0\0").decode()
+        # only the characters whose 6 bits all come from the secret are the same in any text
+        core = encoded[-(-8 * shift // 6) : (8 * (shift + len(raw))) // 6]
+        forms.update((core, core.translate(_URLSAFE)))
+        if shift == 0:  # the whole value encoded on its own, padding included
+            whole = base64.b64encode(raw).decode()
+            forms.update((whole, whole.translate(_URLSAFE)))
+    return frozenset(f for f in forms if f == secret or len(f) >= _MIN_ENCODED_LENGTH)
+
+
+_URLSAFE = str.maketrans("+/", "-_")
 
 
 def _redact(value: Any, needles: list[str]) -> Any:
@@ -28,3 +67,6 @@ def _redact(value: Any, needles: list[str]) -> Any:
     if isinstance(value, list | tuple):
         return [_redact(v, needles) for v in value]
     return value
+
+
+__all__ = ["REDACTED", "encoded_forms", "redact"]

@@ -41,7 +41,9 @@ class AutomationForm(forms.ModelForm):
         workspace, definition = cleaned.get("workspace"), cleaned.get("definition")
         if workspace is not None and definition is not None:
             try:
-                services.definition_check(definition, workspace)
+                services.definition_check(
+                    definition, workspace, self.instance.pk if self.instance.pk else None
+                )
             except services.DefinitionInvalid as exc:
                 problems = [f"{e['path']}: {e['message']} ({e['code']})" for e in exc.errors]
                 raise forms.ValidationError({"definition": problems}) from None

@@ -17,6 +17,7 @@ from jsonschema.exceptions import SchemaError
 
 from capabilities import registry
 from capabilities.base import Capability, Risk, SideEffect
+from capabilities.grants import Grant
 
 from .expressions import template
 from .expressions.filter_grammar import FILTER_SCHEMA, validate_filter
@@ -27,6 +28,7 @@ RESERVED_NAMES = frozenset({"inputs", "trigger", "run", "event"})
 INPUT_DEFAULT_TOKENS = frozenset({"$last_fired_at", "$now", "$creator"})
 MIN_SCHEDULE_INTERVAL_SECONDS = 60
 MAX_DEFINITION_BYTES = 512 * 1024
+CODE_ACTIONS = frozenset({"run_python", "run_shell"})  # steps that receive credentials as environment
 
 _IDENT = "^[a-zA-Z][a-zA-Z0-9_-]{0,63}$"
 
@@ -225,10 +227,13 @@ def step_duration_seconds(step: Mapping[str, Any], workspace_id: int | None = No
 
 
 class _Checker:
-    def __init__(self, definition: Mapping[str, Any], workspace_id: int | None, credential_names):
+    def __init__(self, definition: Mapping[str, Any], workspace_id: int | None, credential_names,
+                 credential_grants: Mapping[str, Grant] | None, automation_id: Any):  # fmt: skip
         self.definition = definition
         self.workspace_id = workspace_id
         self.credential_names = credential_names
+        self.credential_grants = credential_grants
+        self.automation_id = automation_id
         self.issues: list[dict[str, str]] = []
 
     def add(self, path: str, code: str, message: str) -> None:
@@ -282,11 +287,11 @@ class _Checker:
         if len(self.issues) == before and action.validate is not None:
             for suffix, code, message in action.validate(config):
                 self.add(path + "/config" + suffix, code, message)
-        self.check_credentials(config, path + "/config")
+        self.check_credentials(step["action"], config, path + "/config")
         if step["action"] == "call_capability" and isinstance(config.get("capability"), str):
             self.check_capability_call(config, path + "/config")
 
-    def check_credentials(self, config: Mapping[str, Any], path: str) -> None:
+    def check_credentials(self, action: str, config: Mapping[str, Any], path: str) -> None:
         if self.credential_names is None:
             return
         names = []
@@ -300,6 +305,27 @@ class _Checker:
                 self.add(
                     path + suffix, "unknown_credential", f"no credential named '{name}' in this workspace"
                 )
+            elif self.credential_grants is not None and name in self.credential_grants:
+                self.check_grant(action, config, path + suffix, name, self.credential_grants[name])
+
+    def check_grant(self, action: str, config: Mapping[str, Any], path: str, name: str, grant: Grant) -> None:
+        """What a literal reference shows breaks the credential's grants (the rest is checked at use)."""
+        if self.automation_id is not None and not grant.allows_automation(self.automation_id):
+            problem = "is not granted to this automation"
+        elif self.automation_id is None and grant.allowed_automations is not None:
+            problem = "is granted to listed automations only: create the automation, then have it granted"
+        elif action in CODE_ACTIONS and not grant.allow_code_steps:
+            problem = "may not be given to code steps"
+        elif (
+            action == "http_request"
+            and isinstance(config.get("url"), str)
+            and not template.is_template(config["url"])
+            and not grant.allows_destination(config["url"])
+        ):
+            problem = "may not be sent to this URL (see the credential's allowed_destinations)"
+        else:
+            return
+        self.add(path, "credential_not_granted", f"credential '{name}' {problem}")
 
     def check_capability_call(self, config: Mapping[str, Any], path: str) -> None:
         capability_id = config["capability"]
@@ -389,6 +415,8 @@ def validate_definition(
     *,
     workspace_id: int | None = None,
     credential_names: set[str] | None = None,
+    credential_grants: Mapping[str, Grant] | None = None,
+    automation_id: Any = None,
 ) -> list[dict[str, str]]:
     """Every problem with ``definition`` (schema first; semantics only once the shape is right)."""
     if not isinstance(definition, dict):
@@ -396,7 +424,7 @@ def validate_definition(
     issues = _schema_errors(_VALIDATOR, definition, "", lenient=False)
     if issues:
         return issues
-    checker = _Checker(definition, workspace_id, credential_names)
+    checker = _Checker(definition, workspace_id, credential_names, credential_grants, automation_id)
     checker.check_inputs()
     checker.check_triggers()
     base_names = {"inputs", "trigger", "run", "event"}

@@ -21,8 +21,12 @@ def action_context(run: Run, step: dict[str, Any], attempt: int, key: str, timeo
     secrets: list[str] = []
     workspace = run.workspace
 
-    def resolve_credential(name: str) -> dict[str, Any]:
-        value, secret_values = credential_resolve(workspace_id=run.workspace_id, name=name)
+    def resolve_credential(
+        name: str, *, destination: str | None = None, code_step: bool = False
+    ) -> dict[str, Any]:
+        value, secret_values = credential_resolve(workspace_id=run.workspace_id, name=name,
+                                                  automation_id=run.automation_id, destination=destination,
+                                                  code_step=code_step)  # fmt: skip
         secrets.extend(secret_values)
         return value
 

@@ -18,7 +18,7 @@ from django.utils import timezone
 from approvals.services import approvals_invalidate_for_run
 from audit import writer
 from audit.models import Outcome
-from capabilities.credentials import credential_names
+from capabilities.credentials import credential_grants
 from config.errors import InvalidArgument, ServiceError
 from workspaces.models import Workspace
 
@@ -63,10 +63,12 @@ def _principal(user) -> list[int]:
     return [user.pk] if user is not None and user.is_authenticated else []
 
 
-def definition_check(definition: Any, workspace: Workspace) -> None:
+def definition_check(definition: Any, workspace: Workspace, automation_id: Any = None) -> None:
+    grants = credential_grants(workspace.id)
     errors = defs.validate_definition(
-        definition, workspace_id=workspace.id, credential_names=credential_names(workspace.id)
-    )
+        definition, workspace_id=workspace.id, credential_names=set(grants), credential_grants=grants,
+        automation_id=automation_id,
+    )  # fmt: skip
     if errors:
         raise DefinitionInvalid(errors)
 
@@ -110,7 +112,7 @@ def automation_update(
     automation = Automation.objects.select_for_update(no_key=True).get(pk=automation.pk)
     changes: dict[str, Any] = {}
     if definition is not None and definition != automation.definition:
-        definition_check(definition, automation.workspace)
+        definition_check(definition, automation.workspace, automation.pk)
         automation.definition = definition
         automation.name = definition["name"]
         automation.version += 1

@@ -36,9 +36,16 @@ class CredentialForm(forms.ModelForm):
                                help_text='header: {"header_name": "X-Api-Key"}; oauth2: {"token_url": ..., '
                                          '"client_id": ..., "scopes": [...]}')  # fmt: skip
 
+    allowed_destinations = forms.JSONField(required=False, initial=list,
+                                           help_text='where it may be sent: ["api.example.com", "*.example.com", '
+                                                     '"https://host/v1/"]; empty: nowhere')  # fmt: skip
+    allowed_automations = forms.JSONField(required=False, initial=None,
+                                          help_text="null: every automation of the workspace; or a list of ids")  # fmt: skip
+
     class Meta:
         model = Credential
-        fields = ["workspace", "name", "kind", "metadata"]
+        fields = ["workspace", "name", "kind", "metadata", "allowed_destinations", "allow_code_steps",
+                  "allowed_automations"]  # fmt: skip
 
     def _secret_dict(self, kind: str) -> dict[str, str] | None:
         data = self.cleaned_data
@@ -68,6 +75,11 @@ class CredentialForm(forms.ModelForm):
             if secret is not None:
                 credentials.check_secret(kind, {k: v for k, v in secret.items() if v})
             credentials.check_metadata(kind, cleaned.get("metadata") or {})
+            cleaned["grant"] = credentials.check_grant(
+                {"allowed_destinations": cleaned.get("allowed_destinations") or [],
+                 "allow_code_steps": bool(cleaned.get("allow_code_steps")),
+                 "allowed_automations": cleaned.get("allowed_automations")}
+            )  # fmt: skip
         except credentials.CredentialError as exc:
             raise forms.ValidationError(exc.message) from None
         cleaned["secret_dict"] = secret
@@ -109,12 +121,13 @@ class CredentialAdmin(admin.ModelAdmin):
                 credential=obj,
                 secret=data.get("secret_dict"),
                 metadata=data.get("metadata") or {},
+                grant=data["grant"],
                 user=request.user,
             )
             return
         saved = credentials.credential_create(
             workspace=data["workspace"], name=data["name"], kind=data["kind"], secret=data["secret_dict"],
-            metadata=data.get("metadata") or {}, user=request.user,
+            metadata=data.get("metadata") or {}, user=request.user, **data["grant"],
         )  # fmt: skip
         obj.pk = saved.pk
 

@@ -148,7 +148,9 @@ class ActionContext:
     idempotency_key: str
     timeout_seconds: float
     egress_allowlist: tuple[str, ...] = ()
-    resolve_credential: Callable[[str], Any] | None = None
+    # resolve_credential(name, destination=url | None, code_step=bool): checks the credential's
+    # grants for that use (capabilities.grants) before it decrypts anything.
+    resolve_credential: Callable[..., Any] | None = None
     publish_event: Callable[[str, Mapping[str, Any]], str] | None = None
     call_capability: Callable[[str, Mapping[str, Any]], Envelope] | None = None
     cancel_requested: Callable[[], bool] = lambda: False

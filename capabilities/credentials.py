@@ -45,7 +45,7 @@ from audit import writer
 from audit.models import Outcome
 from config.errors import ServiceError
 
-from . import egress
+from . import egress, grants
 from .base import ErrorCode, StepFailure
 from .models import Credential, CredentialKind
 
@@ -290,31 +290,38 @@ def credential_create(
     kind: str,
     secret: Mapping[str, Any],
     metadata: Mapping[str, Any] | None = None,
+    allowed_destinations: Any = (),
+    allow_code_steps: bool = False,
+    allowed_automations: Any = None,
     user=None,
 ) -> Credential:
     name = _check_name(name)
     kind = _check_kind(kind)
     clean_secret = check_secret(kind, secret)
     clean_metadata = check_metadata(kind, metadata)
+    grant = check_grant(
+        {"allowed_destinations": list(allowed_destinations), "allow_code_steps": allow_code_steps,
+         "allowed_automations": allowed_automations}
+    )  # fmt: skip
     if Credential.objects.filter(workspace=workspace, name=name).exists():
         raise CredentialError(
             "CONFLICT", f"a credential named '{name}' already exists in this workspace", path="/name"
         )
     credential = Credential.objects.create(
         workspace=workspace, name=name, kind=kind, encrypted_value=encrypt(clean_secret), metadata=clean_metadata,
-        created_by=user if user is not None and user.is_authenticated else None,
+        created_by=user if user is not None and user.is_authenticated else None, **grant,
     )  # fmt: skip
     _audit(credential, "credential.created", f"credential {name} ({kind}) created", user=user,
-           secrets=secret_values(kind, clean_secret), payload={"metadata_keys": sorted(clean_metadata)})  # fmt: skip
+           secrets=secret_values(kind, clean_secret), payload={"metadata_keys": sorted(clean_metadata), **grant})  # fmt: skip
     return credential
 
 
 @transaction.atomic
 def credential_update_secret(
     *, credential: Credential, secret: Mapping[str, Any] | None = None, metadata: Mapping[str, Any] | None = None,
-    user=None,
+    grant: Mapping[str, Any] | None = None, user=None,
 ) -> Credential:  # fmt: skip
-    """Replace the secret (all fields) and/or the metadata; the old value is never returned."""
+    """Replace the secret (all fields), the metadata and/or grant fields; the old value is never returned."""
     credential = Credential.objects.select_for_update().get(pk=credential.pk)
     changed: list[str] = []
     secrets: list[str] = []
@@ -329,11 +336,19 @@ def credential_update_secret(
         credential.metadata = check_metadata(credential.kind, metadata)
         changed.append("metadata")
         fields.append("metadata")
+    granted: dict[str, Any] = {}
+    if grant:
+        current = {field: getattr(credential, field) for field in GRANT_FIELDS}
+        granted = {k: v for k, v in check_grant({**current, **grant}).items() if k in grant}
+        for field, value in granted.items():
+            setattr(credential, field, value)
+        changed.append("grants")
+        fields.extend(granted)
     if not changed:
         return credential
     credential.save(update_fields=fields)
     _audit(credential, "credential.updated", f"credential {credential.name}: {' and '.join(changed)} replaced",
-           user=user, secrets=secrets, payload={"changed": changed})  # fmt: skip
+           user=user, secrets=secrets, payload={"changed": changed, **granted})  # fmt: skip
     return credential
 
 
@@ -350,18 +365,81 @@ def credential_names(workspace_id: int) -> set[str]:
     return set(Credential.objects.filter(workspace_id=workspace_id).values_list("name", flat=True))
 
 
+GRANT_FIELDS = ("allowed_destinations", "allow_code_steps", "allowed_automations")
+
+
+def check_grant(grant: Mapping[str, Any]) -> dict[str, Any]:
+    """The grant fields, validated (CredentialError naming the field otherwise)."""
+    unknown = set(grant) - set(GRANT_FIELDS)
+    if unknown:
+        raise CredentialError("INVALID_ARGUMENT", f"unknown grant field(s): {', '.join(sorted(unknown))}")
+    try:
+        destinations = grants.check_destinations(grant.get("allowed_destinations", []))
+        automations = grants.check_automations(grant.get("allowed_automations"))
+    except grants.GrantError as exc:
+        raise CredentialError("INVALID_ARGUMENT", exc.message, path=exc.path) from None
+    code = grant.get("allow_code_steps", False)
+    if not isinstance(code, bool):
+        raise CredentialError(
+            "INVALID_ARGUMENT", "allow_code_steps must be true or false", path="/allow_code_steps"
+        )
+    return {
+        "allowed_destinations": destinations,
+        "allow_code_steps": code,
+        "allowed_automations": automations,
+    }
+
+
+def grant_of(credential: Credential) -> grants.Grant:
+    automations = credential.allowed_automations
+    return grants.Grant(
+        allowed_destinations=tuple(credential.allowed_destinations or ()),
+        allow_code_steps=bool(credential.allow_code_steps),
+        allowed_automations=None if automations is None else frozenset(automations),
+    )
+
+
+def credential_grants(workspace_id: int) -> dict[str, grants.Grant]:
+    """Every credential of the workspace by name, with its grant (for save-time validation)."""
+    return {c.name: grant_of(c) for c in Credential.objects.filter(workspace_id=workspace_id).only(
+        "name", *GRANT_FIELDS)}  # fmt: skip
+
+
+def _check_use(
+    credential: Credential, *, automation_id: Any, destination: str | None, code_step: bool
+) -> None:
+    grant, name = grant_of(credential), credential.name
+    if automation_id is not None and not grant.allows_automation(automation_id):
+        raise StepFailure(
+            ErrorCode.POLICY_VIOLATION, f"credential '{name}' is not granted to this automation"
+        )
+    if code_step and not grant.allow_code_steps:
+        raise StepFailure(ErrorCode.POLICY_VIOLATION, f"credential '{name}' may not be given to code steps")
+    if destination is not None and not grant.allows_destination(destination):
+        raise StepFailure(ErrorCode.POLICY_VIOLATION,
+                          f"credential '{name}' may not be sent to this destination (see its allowed_destinations)")  # fmt: skip
+
+
 def credential_resolve(
-    *, workspace_id: int, name: str, trace_id: str | None = None
+    *,
+    workspace_id: int,
+    name: str,
+    trace_id: str | None = None,
+    automation_id: Any = None,
+    destination: str | None = None,
+    code_step: bool = False,
 ) -> tuple[dict[str, Any], list[str]]:
     """Decrypt ``name`` in ``workspace_id`` now: ``(value, secret strings to redact)``.
 
     ``value`` carries ``kind`` and the secret fields (for oauth2 a fresh
     ``access_token``, also as ``token``; the refresh token and client secret
-    stay here). A credential of another workspace does not exist for this call.
+    stay here). A credential of another workspace does not exist for this call. The use is checked against the credential's grants first
+    (``POLICY_VIOLATION``): the automation, a code step, the destination URL.
     """
     credential = Credential.objects.filter(workspace_id=workspace_id, name=name).first()
     if credential is None:
         raise StepFailure(ErrorCode.INVALID_ARGUMENT, f"no credential named '{name}' in this workspace")
+    _check_use(credential, automation_id=automation_id, destination=destination, code_step=code_step)
     secret = _decrypt_row(credential)
     if credential.kind == CredentialKind.OAUTH2:
         secret = _fresh_oauth2(credential, secret, trace_id=trace_id)

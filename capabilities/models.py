@@ -29,6 +29,11 @@ class Credential(models.Model):
     encrypted_value = models.TextField()
     # Non-secret settings: header_name, token_url, client_id, scopes, expires_at.
     metadata = models.JSONField(default=dict, blank=True)
+    # Grants (capabilities.grants): where it may be sent, whether code steps may receive it,
+    # which automations may use it (null: all). Set by those who manage credentials.
+    allowed_destinations = models.JSONField(default=list, blank=True)
+    allow_code_steps = models.BooleanField(default=False)
+    allowed_automations = models.JSONField(null=True, blank=True, default=None)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     created_by = models.ForeignKey(

@@ -9,13 +9,26 @@ from ..models import Credential, CredentialKind, McpServer, McpTool, McpToolStat
 
 
 class CredentialOut(serializers.ModelSerializer):
+    """Never the secret. Metadata and grants only for operators and admins of the credential's
+    workspace (``operated_workspaces`` in the context, when given); others see NAME_ONLY."""
+
     workspace = serializers.SlugRelatedField(slug_field="slug", read_only=True)
 
     class Meta:
         model = Credential
         # Deliberately explicit: encrypted_value is never serialised.
-        fields = ["id", "name", "kind", "metadata", "workspace", "created_at", "updated_at"]
+        fields = ["id", "name", "kind", "metadata", "allowed_destinations", "allow_code_steps",
+                  "allowed_automations", "workspace", "created_at", "updated_at"]  # fmt: skip
         read_only_fields = fields
+
+    NAME_ONLY = ("id", "name", "kind", "workspace")
+
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        operated = self.context.get("operated_workspaces")
+        if operated is not None and instance.workspace_id not in operated:
+            return {key: data[key] for key in self.NAME_ONLY}
+        return data
 
 
 class CredentialIn(serializers.Serializer):
@@ -25,6 +38,9 @@ class CredentialIn(serializers.Serializer):
     kind = serializers.ChoiceField(choices=CredentialKind.choices)
     secret = serializers.DictField(child=serializers.CharField(trim_whitespace=False, max_length=16384))
     metadata = serializers.JSONField(required=False, default=dict)
+    allowed_destinations = serializers.JSONField(required=False, default=list)
+    allow_code_steps = serializers.BooleanField(required=False, default=False)
+    allowed_automations = serializers.JSONField(required=False, default=None)
     workspace = serializers.SlugField(required=False)
 
 
@@ -33,6 +49,9 @@ class CredentialSecretIn(serializers.Serializer):
         child=serializers.CharField(trim_whitespace=False, max_length=16384), required=False
     )
     metadata = serializers.JSONField(required=False)
+    allowed_destinations = serializers.JSONField(required=False)
+    allow_code_steps = serializers.BooleanField(required=False)
+    allowed_automations = serializers.JSONField(required=False)
 
 
 class McpServerOut(serializers.ModelSerializer):

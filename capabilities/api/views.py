@@ -79,7 +79,15 @@ def _filter_workspace(queryset, request, field: str = "workspace"):
     return queryset.filter(**{f"{field}__slug": slug}) if slug else queryset
 
 
-class CredentialList(generics.ListAPIView):
+class _CredentialShapes:
+    """Operators and admins see metadata and grants; viewers and approvers names and kinds only."""
+
+    def get_serializer_context(self):
+        operated = set(workspaces_for(self.request.user, Permission.OPERATE).values_list("pk", flat=True))
+        return {**super().get_serializer_context(), "operated_workspaces": operated}
+
+
+class CredentialList(_CredentialShapes, generics.ListAPIView):
     serializer_class = CredentialOut
 
     def get_queryset(self):
@@ -94,11 +102,14 @@ class CredentialList(generics.ListAPIView):
         credential = credentials.credential_create(
             workspace=workspace, name=data.validated_data["name"], kind=data.validated_data["kind"],
             secret=data.validated_data["secret"], metadata=data.validated_data.get("metadata"), user=request.user,
+            allowed_destinations=data.validated_data["allowed_destinations"],
+            allow_code_steps=data.validated_data["allow_code_steps"],
+            allowed_automations=data.validated_data["allowed_automations"],
         )  # fmt: skip
         return Response(CredentialOut(credential).data, status=status.HTTP_201_CREATED)
 
 
-class CredentialDetail(generics.RetrieveAPIView):
+class CredentialDetail(_CredentialShapes, generics.RetrieveAPIView):
     serializer_class = CredentialOut
 
     def get_queryset(self):
@@ -129,6 +140,7 @@ class CredentialSecret(generics.GenericAPIView):
         credential = credentials.credential_update_secret(
             credential=credential, secret=data.validated_data.get("secret"),
             metadata=data.validated_data.get("metadata"), user=request.user,
+            grant={k: v for k, v in data.validated_data.items() if k in credentials.GRANT_FIELDS},
         )  # fmt: skip
         return Response(CredentialOut(credential).data)
 

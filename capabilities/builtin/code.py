@@ -266,7 +266,7 @@ def _credential_env(ctx: ActionContext, names: list[str]) -> dict[str, str]:
         raise StepFailure(ErrorCode.INTERNAL, "credentials cannot be resolved here")
     env: dict[str, str] = {}
     for name in names:
-        value = ctx.resolve_credential(name)  # registers the secret values for redaction
+        value = ctx.resolve_credential(name, code_step=True)  # checks the grant; registers values to redact
         if not isinstance(value, Mapping):
             raise StepFailure(ErrorCode.INVALID_ARGUMENT, f"no credential named '{name}'")
         base, kind = env_name(name), value.get("kind")

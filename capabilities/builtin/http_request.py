@@ -128,7 +128,7 @@ def perform_request(
     deadline = time.monotonic() + max(0.001, min(timeout, ctx.timeout_seconds))
     first_origin = _origin(egress.parse_url(url))
     _remember_userinfo(ctx, url)
-    auth = _credential_headers(ctx, credential) if credential else {}
+    auth = _credential_headers(ctx, credential, url) if credential else {}
     payload, content_type = _payload(json, has_json, body)
     committed = False  # a POST/PATCH has been answered: a failure now must not be retried
 
@@ -139,8 +139,9 @@ def perform_request(
             target = egress.parse_url(url)
             same_origin = _origin(target) == first_origin
             hop_headers = _request_headers(ctx, method, headers or {}, same_origin=same_origin)
-            if same_origin:  # credentials never follow a redirect to another origin
-                hop_headers.update(auth)
+            if same_origin and credential:  # credentials never follow a redirect to another origin
+                # a redirect within the origin may still leave the credential's grant: checked again
+                hop_headers.update(auth if hop == 0 else _credential_headers(ctx, credential, str(target)))
             if payload is not None and content_type and not _has(hop_headers, "content-type"):
                 hop_headers["Content-Type"] = content_type
             remaining = deadline - time.monotonic()
@@ -302,10 +303,12 @@ def _transport_failure(exc: httpx.HTTPError, host: str, *, idempotent: bool) -> 
     )
 
 
-def _credential_headers(ctx: ActionContext, name: str) -> dict[str, str]:
+def _credential_headers(ctx: ActionContext, name: str, url: str) -> dict[str, str]:
+    """The headers that send credential ``name`` to ``url``; POLICY_VIOLATION outside its grant."""
     if ctx.resolve_credential is None:
         raise StepFailure(ErrorCode.INTERNAL, "credentials cannot be resolved here")
-    credential = ctx.resolve_credential(name)
+    # checked on the URL as httpx will send it, so the grant and the request agree on the host
+    credential = ctx.resolve_credential(name, destination=str(egress.parse_url(url)))
     if credential is None:
         raise StepFailure(ErrorCode.INVALID_ARGUMENT, f"no credential named '{name}'")
 

@@ -394,7 +394,7 @@ CREDENTIALS = {
 }
 
 
-def fake_resolver(name: str) -> dict[str, str] | None:
+def fake_resolver(name: str, **use) -> dict[str, str] | None:
     return CREDENTIALS.get(name)
 
 

@@ -173,9 +173,10 @@ def test_uncaught_exception_in_shell_step_is_reported_as_its_exit_status(workspa
 def credentials(workspace):
     token = "sk_live_" + "7" * 24
     password = "pa'ss\"word $HOME `id`"  # shell metacharacters must arrive verbatim
-    credential_create(workspace=workspace, name="shop-api", kind="bearer", secret={"token": token})
+    credential_create(workspace=workspace, name="shop-api", kind="bearer", secret={"token": token},
+                      allow_code_steps=True)  # fmt: skip
     credential_create(workspace=workspace, name="db_login", kind="basic",
-                      secret={"username": "reporter", "password": password})  # fmt: skip
+                      secret={"username": "reporter", "password": password}, allow_code_steps=True)  # fmt: skip
     return {"token": token, "password": password}
 
 
@@ -240,7 +241,8 @@ print(json.dumps({
 
 
 def test_credentials_with_clashing_variable_names_are_refused_at_save(workspace, credentials):
-    credential_create(workspace=workspace, name="shop_api", kind="bearer", secret={"token": "other-token-1"})
+    credential_create(workspace=workspace, name="shop_api", kind="bearer", secret={"token": "other-token-1"},
+                      allow_code_steps=True)  # fmt: skip
     step = python("use", "print(1)", config={"credentials": ["shop-api", "shop_api"]})
 
     with pytest.raises(DefinitionInvalid) as raised:

@@ -118,7 +118,8 @@ def test_another_workspace_cannot_resolve_the_credential(workspace, other_worksp
 
 
 def test_definition_in_another_workspace_reports_unknown_credential(workspace, other_workspace):
-    credentials.credential_create(workspace=workspace, name="api", kind="bearer", secret={"token": TOKEN})
+    credentials.credential_create(workspace=workspace, name="api", kind="bearer", secret={"token": TOKEN},
+                                  allowed_destinations=["127.0.0.1"])  # fmt: skip
     step = {"step_id": "call", "action": "http_request",
             "config": {"url": "http://127.0.0.1:9/x", "credential": "api"}}  # fmt: skip
     definition = {"schema_version": "1.0", "name": "uses api", "plan": [step]}
@@ -339,7 +340,8 @@ def test_api_create_and_list_never_return_the_secret(api, workspace):
     detail = api.get(f"/api/v1/credentials/{created.json()['id']}")
 
     assert created.status_code == 201, created.content
-    assert set(created.json()) == {"id", "name", "kind", "metadata", "workspace", "created_at", "updated_at"}
+    assert set(created.json()) == {"id", "name", "kind", "metadata", "workspace", "created_at", "updated_at",
+                                   "allowed_destinations", "allow_code_steps", "allowed_automations"}  # fmt: skip
     assert created.json()["metadata"] == {"header_name": "X-Api-Key"}
     assert listed.status_code == 200
     assert listed.json()["count"] == 1

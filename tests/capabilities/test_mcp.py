@@ -368,7 +368,8 @@ def test_credential_values_echoed_back_are_redacted_everywhere(
     workspace, owner, mcp_http, stdio_command, tmp_path, echo_server, drive
 ):
     credential = credentials.credential_create(workspace=workspace, name="mcp-token", kind="bearer",
-                                               secret={"token": SECRET}, user=owner)  # fmt: skip
+                                               secret={"token": SECRET}, user=owner,
+                                               allowed_destinations=["127.0.0.1"])  # fmt: skip
     mcp.mcp_harvest(_http(workspace, mcp_http, credential=credential))
     mcp.mcp_harvest(_stdio(workspace, stdio_command, tmp_path, credential=credential,
                            env={"MCP_TEST_TOKEN": "$credential"}))  # fmt: skip
