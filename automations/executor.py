@@ -17,6 +17,7 @@ Crash safety rests on three rules:
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import os
@@ -40,10 +41,11 @@ from audit import writer
 from audit.models import Outcome
 from audit.redaction import redact
 from capabilities import registry
-from capabilities.base import Capability, Envelope, ErrorCode, StepFailure
+from capabilities.base import AwaitingApproval, Capability, CostMeter, Envelope, ErrorCode, StepFailure
 
 from . import definition as defs
 from . import events, runtime
+from .agent_tools import ToolGateway
 from .concurrency import run_settled
 from .enqueue import run_wake_at
 from .expressions import template
@@ -377,13 +379,7 @@ class Executor:
     def _gate(
         self, step_run: StepRun, step: dict, config: dict, capability: Capability
     ) -> bool | Parked | None:
-        recipients = (
-            len(config.get("to") or []) + len(config.get("cc") or []) if step["action"] == "send_email" else 0
-        )
-        verbs = [str(config.get("method", "")), str(config.get("capability", "")), step["step_id"]]
-        risk, reasons = policy.step_risk(
-            capability, recipients=recipients, verbs=verbs, network=config.get("network") == "allow"
-        )
+        risk, reasons = runtime.risk_for(step["step_id"], step["action"], config, capability)
         decision = (
             policy.Decision.CONFIRM
             if step["action"] == "require_approval"
@@ -445,7 +441,14 @@ class Executor:
                 self._audit("step.started", f"{step_id} started (attempt {attempt})", refs={"step": step_id},
                             payload={"action": step["action"], "idempotency_key": key})  # fmt: skip
             started = True
-        ctx = runtime.action_context(self.run, step, attempt, key, timeout)
+        meter = runtime.cost_meter(self.run)
+        tools = ToolGateway(run=self.run, step_run=step_run, step=step, config=config, autonomy=self.autonomy)
+        saved: dict[str, Any] = {}
+        ctx = runtime.action_context(
+            self.run, step, attempt, key, timeout, cost_meter=meter, call_tool=tools,
+            resume_state=step_run.checkpoint, save_state=lambda state: saved.update(state=copy.deepcopy(state)),
+        )  # fmt: skip
+        tools.ctx = ctx
         # However long the handler runs, with or without side effects, this worker keeps the run.
         keeper = nullcontext() if self.batching else LeaseKeeper(str(self.run.pk), self.me)
         try:
@@ -454,6 +457,9 @@ class Executor:
                     envelope = capability.handler(ctx, config.get("args") or {})
                 else:
                     envelope = registry.get_action(step["action"]).handler(ctx, config)
+        except AwaitingApproval:
+            return self._park_mid_step(step_run, step, attempt, redact(config, ctx.secrets), saved.get("state"),
+                                       meter, started, now)  # fmt: skip
         except StepFailure as exc:
             if exc.detail:
                 logger.info("step %s failed: %s", step_id, exc.detail)
@@ -463,7 +469,7 @@ class Executor:
             envelope = Envelope.failure(
                 ErrorCode.INTERNAL, "the step failed with an internal error", retryable=False
             )
-        envelope = _redacted(envelope, ctx.secrets)
+        envelope = _charged(runtime.redacted(envelope, ctx.secrets), meter)
         stored_config = redact(config, ctx.secrets)
         if envelope.resume_at is not None and envelope.ok:
             return self._park_until(step_run, step, attempt, stored_config, envelope, started)
@@ -489,7 +495,7 @@ class Executor:
             self._save_step(
                     step_run,
                 status=StepStatus.SUCCEEDED, attempt=attempt, rendered_config=config, output=envelope.as_dict(),
-                error_code="", error_message="", cost_usd=envelope.cost_usd,
+                error_code="", error_message="", cost_usd=step_run.cost_usd + envelope.cost_usd, checkpoint=None,
                 started_at=started_at or now, finished_at=now,
             )  # fmt: skip
             fields: dict[str, Any] = {"step_index": self.run.step_index + 1}
@@ -516,6 +522,26 @@ class Executor:
     def _advance(self) -> None:
         self._update_run(step_index=self.run.step_index + 1)
 
+    def _park_mid_step(
+        self, step_run, step, attempt, config, state, meter, started: bool, started_at
+    ) -> Parked:
+        """A handler is waiting for a human (an agent's tool call): keep its state and what it spent."""
+        with transaction.atomic(savepoint=False):
+            self._save_step(step_run, status=StepStatus.AWAITING_APPROVAL, attempt=attempt, rendered_config=config,
+                            checkpoint=state, cost_usd=step_run.cost_usd + meter.total, started_at=started_at)  # fmt: skip
+            fields: dict[str, Any] = {
+                "status": RunStatus.AWAITING_APPROVAL,
+                "claimed_by": "",
+                "lease_expires_at": None,
+            }
+            if meter.total:
+                fields["cost_usd"] = Decimal(self.run.cost_usd) + meter.total
+            self._update_run(**fields)
+            if not started:
+                self._audit("step.started", f"{step['step_id']} started (attempt {attempt})",
+                            refs={"step": step["step_id"]}, payload={"action": step["action"]})  # fmt: skip
+        return Parked(RunStatus.AWAITING_APPROVAL)
+
     def _park_until(self, step_run, step, attempt, config, envelope: Envelope, started: bool) -> Parked:
         wake_at = envelope.resume_at
         self._store_outcome(step_run, step, attempt, config, envelope, started=started)
@@ -538,7 +564,10 @@ class Executor:
                 status=StepStatus.PENDING if retry else StepStatus.FAILED, attempt=attempt,
                 rendered_config=config, output=envelope.as_dict(), error_code=error["code"],
                 error_message=error["message"][:500], started_at=started_at or now, finished_at=now,
+                cost_usd=step_run.cost_usd + envelope.cost_usd, checkpoint=None,
             )  # fmt: skip
+            if envelope.cost_usd:
+                self._update_run(cost_usd=Decimal(self.run.cost_usd) + envelope.cost_usd)
             if not started:
                 self._audit("step.started", f"{step_id} started (attempt {attempt})", refs={"step": step_id},
                             payload={"action": step["action"]})  # fmt: skip
@@ -637,13 +666,16 @@ def backoff_seconds(kind: str, attempt: int) -> float:
     return delay * random.uniform(0.8, 1.2)  # jitter spreads retries of many runs  # noqa: S311
 
 
-def _redacted(envelope: Envelope, secrets: list[str]) -> Envelope:
-    if not secrets:
-        return envelope
-    envelope.data = redact(envelope.data, secrets)
-    envelope.summary = redact(envelope.summary, secrets)
-    if envelope.error:
-        envelope.error = redact(envelope.error, secrets)
+def _charged(envelope: Envelope, meter: CostMeter) -> Envelope:
+    """Charge a cost the handler reported (the budget is re-checked); the step's cost is the meter's."""
+    if envelope.cost_usd:
+        try:
+            meter.charge(envelope.cost_usd, "reported by the handler")
+        except StepFailure as exc:
+            envelope = Envelope.failure(exc.code, exc.message, retryable=False)
+    envelope.cost_usd = meter.total
+    if meter.usage and not envelope.usage:
+        envelope.usage = dict(meter.usage)
     return envelope
 
 

@@ -155,6 +155,9 @@ class StepRun(models.Model):
     error_code = models.CharField(max_length=32, blank=True, default="")
     error_message = models.CharField(max_length=500, blank=True, default="")
     cost_usd = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
+    # A handler's progress while the run is parked mid-step (an agent_task's conversation
+    # while one of its tool calls waits for approval); cleared when the step ends.
+    checkpoint = models.JSONField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

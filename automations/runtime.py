@@ -4,20 +4,29 @@ the approval gate, timers, and releasing runs queued behind a finished one."""
 from __future__ import annotations
 
 import hashlib
+import logging
+from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
 from approvals import gate as approval_gates
+from approvals import policy
 from audit import writer
-from capabilities import registry
-from capabilities.base import ActionContext, Capability, Envelope, Risk
+from audit.redaction import redact
+from capabilities import llm, registry
+from capabilities.base import ActionContext, Capability, CostMeter, Envelope, Risk
 from capabilities.credentials import credential_resolve
 
 from . import events
 from .definition import DEFAULT_AUTONOMY
 from .models import Automation, Run, StepRun
 
+logger = logging.getLogger(__name__)
 
-def action_context(run: Run, step: dict[str, Any], attempt: int, key: str, timeout: float) -> ActionContext:
+
+def action_context(run: Run, step: dict[str, Any], attempt: int, key: str, timeout: float,
+                   **extra: Any) -> ActionContext:  # fmt: skip
+    """A handler's context; ``extra`` sets the engine-owned parts (cost meter, tool gateway, saved state)."""
     secrets: list[str] = []
     workspace = run.workspace
 
@@ -59,8 +68,38 @@ def action_context(run: Run, step: dict[str, Any], attempt: int, key: str, timeo
         call_capability=call_capability,
         cancel_requested=lambda: Run.objects.filter(pk=run.pk, cancel_requested=True).exists(),
         secrets=secrets,
+        resolve_llm=llm.require_llm,
+        **extra,
     )
     return ctx
+
+
+def cost_meter(run: Run) -> CostMeter:
+    """A meter for one step call: what the run spent so far against its budget cap."""
+    cap = (run.snapshot.get("execution") or {}).get("budget_cap_usd")
+    return CostMeter(spent_before=Decimal(run.cost_usd), budget=None if cap is None else Decimal(str(cap)))
+
+
+def risk_for(
+    step_id: str, action: str, config: Mapping[str, Any], capability: Capability
+) -> tuple[Risk, list[str]]:
+    """A step's (or an agent tool call's) risk: the capability's, raised by what the config says."""
+    recipients = len(config.get("to") or []) + len(config.get("cc") or []) if action == "send_email" else 0
+    verbs = [str(config.get("method", "")), str(config.get("capability", "")), action, step_id]
+    return policy.step_risk(
+        capability, recipients=recipients, verbs=verbs, network=config.get("network") == "allow"
+    )
+
+
+def redacted(envelope: Envelope, secrets: list[str]) -> Envelope:
+    """The envelope with every secret value resolved during the call replaced."""
+    if not secrets:
+        return envelope
+    envelope.data = redact(envelope.data, secrets)
+    envelope.summary = redact(envelope.summary, secrets)
+    if envelope.error:
+        envelope.error = redact(envelope.error, secrets)
+    return envelope
 
 
 def plan_hash(snapshot: dict[str, Any], step_key: str, config: Any) -> str:
@@ -78,13 +117,14 @@ def approval_gate(
     capability: Capability,
     risk: Risk,
     reasons: list[str],
+    step_key: str | None = None,
 ) -> approval_gates.Verdict:
     automation = Automation.objects.filter(pk=run.automation_id).values("version", "updated_by_id").first()
     if automation is None or automation["version"] != run.automation_version:
         return approval_gates.Verdict(
             "invalid", "the automation was edited after this run started; re-run it"
         )
-    step_key = f"{step_run.phase}:{step_run.index}:{step['step_id']}"
+    step_key = step_key or f"{step_run.phase}:{step_run.index}:{step['step_id']}"
     execution = run.snapshot.get("execution") or {}
     verdict = approval_gates.check_step(
         approval_gates.GateRequest(

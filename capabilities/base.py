@@ -79,6 +79,56 @@ class StepFailure(Exception):
         self.detail = detail
 
 
+class AwaitingApproval(Exception):
+    """Raised out of a handler when something it asked to do waits for a human (an
+    ``agent_task`` tool call the gate sent for approval): the engine parks the run,
+    keeping the handler's saved state for when it resumes."""
+
+    def __init__(self, approval_id: str | None):
+        super().__init__(f"waiting for approval {approval_id}")
+        self.approval_id = approval_id
+
+
+class CostMeter:
+    """What a step spends, checked against the run's budget (SPEC §7.2, §10).
+
+    ``check()`` before each cost-incurring call refuses once nothing is left;
+    ``charge()`` records a cost and then refuses if the run is over its
+    budget. Both raise ``BUDGET_EXCEEDED``; ``total`` keeps what was charged
+    either way, so the step and the run still account for it.
+    """
+
+    def __init__(self, *, spent_before: Decimal = Decimal(0), budget: Decimal | None = None):
+        self.spent_before = spent_before
+        self.budget = budget
+        self.total = Decimal(0)
+        self.charges: list[tuple[str, Decimal]] = []
+        self.usage: dict[str, int] = {}
+
+    @property
+    def spent(self) -> Decimal:
+        return self.spent_before + self.total
+
+    def _exceeded(self) -> StepFailure:
+        return StepFailure(ErrorCode.BUDGET_EXCEEDED,
+                           f"the run's budget of ${self.budget} is used up (${self.spent} spent)", retryable=False)  # fmt: skip
+
+    def check(self) -> None:
+        if self.budget is not None and self.spent >= self.budget:
+            raise self._exceeded()
+
+    def charge(self, usd: Decimal, what: str = "", *, usage: Mapping[str, int] | None = None) -> None:
+        """Record ``usd`` (and what was consumed, e.g. tokens); then refuse if over budget."""
+        if usd < 0:
+            raise ValueError("a charge cannot be negative")
+        self.total += usd
+        self.charges.append((what, usd))
+        for name, count in (usage or {}).items():
+            self.usage[name] = self.usage.get(name, 0) + int(count)
+        if self.budget is not None and self.spent > self.budget:
+            raise self._exceeded()
+
+
 @dataclass
 class Envelope:
     """Every step's result: ``{ok, summary, data, error: {code, message, retryable}}``."""
@@ -91,10 +141,13 @@ class Envelope:
     # A handler that must wait (the ``wait`` action) returns when to resume;
     # the executor parks the run instead of holding a worker.
     resume_at: datetime | None = None
+    # What the step consumed (e.g. LLM tokens), shown with its output.
+    usage: dict[str, Any] | None = None
 
     @classmethod
-    def success(cls, data: Any = None, summary: str = "", cost_usd: Decimal | None = None) -> Envelope:
-        return cls(ok=True, summary=summary, data=data, cost_usd=cost_usd or Decimal("0"))
+    def success(cls, data: Any = None, summary: str = "", cost_usd: Decimal | None = None,
+                usage: dict[str, Any] | None = None) -> Envelope:  # fmt: skip
+        return cls(ok=True, summary=summary, data=data, cost_usd=cost_usd or Decimal("0"), usage=usage)
 
     @classmethod
     def failure(cls, code: str, message: str, *, retryable: bool | None = None) -> Envelope:
@@ -104,7 +157,10 @@ class Envelope:
         )
 
     def as_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "summary": self.summary, "data": self.data, "error": self.error}
+        body = {"ok": self.ok, "summary": self.summary, "data": self.data, "error": self.error}
+        if self.usage:
+            body["usage"] = self.usage
+        return body
 
 
 @dataclass(frozen=True)
@@ -158,6 +214,18 @@ class ActionContext:
     # resolved during this call is appended here by the resolver).
     secrets: list[str] = field(default_factory=list)
     preview: bool = False
+    # The configured LLM client (raises LLM_NOT_CONFIGURED when there is none).
+    resolve_llm: Callable[[], Any] | None = None
+    # Every cost a handler incurs is charged here; the run's budget is checked on each charge.
+    cost_meter: CostMeter = field(default_factory=CostMeter)
+    # Call a capability as a tool: gated, approved and audited like a step calling it.
+    # (tool id, args, call key unique in the step) -> Envelope; raises AwaitingApproval
+    # when a human must decide, StepFailure when the step must end (denied, expired).
+    call_tool: Callable[[str, Mapping[str, Any], str], Envelope] | None = None
+    # A handler that may be parked mid-way keeps its progress here: ``save_state`` before
+    # anything that may park, ``resume_state`` is what was saved when the run resumes.
+    resume_state: Any = None
+    save_state: Callable[[Any], None] = lambda state: None
 
 
 @dataclass(frozen=True)

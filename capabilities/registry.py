@@ -23,6 +23,7 @@ ACTIONS: dict[str, str] = {
     "require_approval": "capabilities.builtin.require_approval.ACTION",
     "run_python": "capabilities.builtin.code.RUN_PYTHON",
     "run_shell": "capabilities.builtin.code.RUN_SHELL",
+    "agent_task": "capabilities.builtin.agent_task.ACTION",
 }
 
 NATIVE_CAPABILITIES: dict[str, str] = {

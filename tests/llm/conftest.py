@@ -56,3 +56,7 @@ def no_llm(settings):
 def credential_key(settings) -> None:
     """Credentials in these tests are encrypted under a key of the test's own."""
     settings.AUTOPLANE_CREDENTIAL_KEYS = [Fernet.generate_key().decode()]
+
+
+# The engine tests' recorder: a local HTTP server that counts the requests it gets.
+from tests.automations.conftest import http_server  # noqa: E402, F401

@@ -291,3 +291,17 @@ def test_audit_rows_per_draft(llm, operator):
     assert [t for t in created if t.startswith(("draft.", "automation."))] == ["draft.created"]
     # the draft's own row, then what creating any automation writes (its schedule trigger included)
     assert sorted(saved) == ["automation.created", "draft.saved", "trigger.created"]
+
+
+def test_an_agent_task_without_a_budget_is_flagged_by_the_checks(llm, operator):
+    agentic = copy.deepcopy(DIGEST)
+    agentic["plan"].insert(0, {"step_id": "think", "action": "agent_task", "output_as": "thought",
+                               "config": {"prompt": "list failures", "tools": ["core.echo"]}})  # fmt: skip
+    llm.script(reply_json(agentic), reply_json(REVIEW))
+
+    body = client_for(operator).post("/api/v1/drafts", {"prompt": PROMPT}, format="json").json()
+
+    kinds = {(f["kind"], f["path"]) for f in body["flags"] if f["source"] == "check"}
+    assert ("agent_task", "/plan/0") in kinds
+    assert ("cost", "/execution") in kinds
+    assert body["validation"]["rounds"] == 1
