@@ -31,8 +31,9 @@ _DESCRIPTIONS = {
     415: "The body is not JSON (`UNSUPPORTED_MEDIA_TYPE`)",
     422: "Well-formed but refused (`UNPROCESSABLE`, `BUDGET_EXCEEDED`)",
     429: "Too many requests (`RATE_LIMITED`); see `Retry-After`",
-    502: "An upstream server (e.g. an MCP server) failed",
-    503: "The database is unavailable (`TEMPORARILY_UNAVAILABLE`): nothing was done; see `Retry-After`",
+    502: "An upstream server (an MCP server, the LLM) failed or answered something unusable",
+    503: "A dependency (the database; for drafts, the LLM) is unavailable: nothing was done; "
+    "see `Retry-After`",
 }
 # Answered by the web server (gunicorn) before the application sees the request, so it is
 # HTML, the one error that is not the envelope.

@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 
 from capabilities import llm
 from config.errors import ServiceError
+from config.openapi import errors
 from workspaces.api import workspace_for_write
 from workspaces.models import Permission
 
@@ -57,12 +58,13 @@ def _draft(request, pk) -> Draft:
 class _LlmView(APIView):
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)  # authentication first: 401 before 503
-        if llm.llm_config() is None:
+        has_handler = hasattr(self, request.method.lower())  # an undeclared method stays a 405
+        if has_handler and llm.llm_config() is None:
             raise llm.LlmNotConfigured()
 
 
 class DraftCreate(_LlmView):
-    @extend_schema(request=DraftIn, responses={201: DraftOut})
+    @extend_schema(request=DraftIn, responses={201: DraftOut, **errors(404, 422, 502)})
     def post(self, request):
         data = DraftIn(data=request.data)
         data.is_valid(raise_exception=True)
@@ -87,7 +89,7 @@ class DraftDetail(_LlmView):
 
 
 class DraftSave(_LlmView):
-    @extend_schema(request=None, responses={201: AutomationOut, 200: AutomationOut})
+    @extend_schema(request=None, responses={201: AutomationOut, 200: AutomationOut, **errors(400, 409)})
     def post(self, request, pk):
         draft = _draft(request, pk)
         automation = drafts.draft_save(draft=draft, user=request.user)
@@ -96,7 +98,7 @@ class DraftSave(_LlmView):
 
 
 class DraftDiscard(_LlmView):
-    @extend_schema(request=None, responses={204: None})
+    @extend_schema(request=None, responses={204: None, **errors(409)})
     def post(self, request, pk):
         drafts.draft_discard(draft=_draft(request, pk), user=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)

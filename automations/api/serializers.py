@@ -92,6 +92,12 @@ class RunQuery(serializers.Serializer):
         choices=Run._meta.get_field("status").choices, required=False, allow_blank=True
     )
 
+    def validate(self, attrs):
+        # A query string's blank value would otherwise read as "no filter"; an id is an id.
+        if self.initial_data.get("automation") == "":
+            raise serializers.ValidationError({"automation": "must be an automation id"})
+        return attrs
+
 
 class RerunIn(serializers.Serializer):
     from_step = serializers.CharField(required=False, max_length=64)

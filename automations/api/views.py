@@ -44,6 +44,12 @@ def _check_body_size(request) -> None:
         raise ServiceError("PAYLOAD_TOO_LARGE", "request body is too large", 413)
 
 
+_IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key", str, OpenApiParameter.HEADER, required=False,
+    description="the same key with the same body answers 200 with the original; another body 422",
+)  # fmt: skip
+
+
 def _dispatch_response(result: DispatchResult) -> Response:
     body, status_code = dispatch_body(result)
     return Response(body, status=status_code)
@@ -124,7 +130,7 @@ class AutomationRun(APIView):
     @extend_schema(
         request={"application/json": OpenApiTypes.OBJECT},
         responses={202: RunAccepted, 200: RunAccepted, **errors(409, 422)},
-        parameters=[OpenApiParameter("Idempotency-Key", str, OpenApiParameter.HEADER, required=False)],
+        parameters=[_IDEMPOTENCY_KEY],
         summary="Run now: the body is the run's inputs",
     )
     def post(self, request, pk):
@@ -195,7 +201,12 @@ class RunResolve(_RunAction):
 
 
 class EventPublish(APIView):
-    @extend_schema(request=EventIn, responses={202: EventAccepted, **errors(404, 409)})
+    @extend_schema(
+        request=EventIn,
+        responses={202: EventAccepted, 200: EventAccepted, **errors(404, 409, 422)},
+        parameters=[_IDEMPOTENCY_KEY],
+        summary="Publish an event (a repeated Idempotency-Key answers 200 with the same event_id)",
+    )
     def post(self, request):
         _check_body_size(request)
         data = EventIn(data=request.data)

@@ -175,3 +175,20 @@ def test_api_docs_page_references_no_external_host(client):
     for asset in assets:
         assert asset.startswith("/static/"), asset
         assert finders.find(asset.removeprefix("/static/")), f"{asset} is not served locally"
+
+
+def test_run_filters_are_validated(api):
+    assert api.get("/api/v1/runs?status=").status_code == 200  # blank: no filter, as documented
+    assert api.get("/api/v1/runs?status=succeeded").status_code == 200
+    for query in ("status=bogus", "automation=", "automation=not-an-id"):
+        response = api.get(f"/api/v1/runs?{query}")
+        assert response.status_code == 400, query
+        assert response.json()["errors"][0]["path"] in {"/status", "/automation"}, query
+
+
+@pytest.mark.parametrize("method", ["put", "delete"])
+def test_an_undeclared_method_on_drafts_is_405_even_without_an_llm(api, settings, method):
+    settings.LLM_BASE_URL = ""
+    response = getattr(api, method)(f"/api/v1/drafts/{uuid.uuid4()}")
+    assert response.status_code == 405
+    assert response.json()["error"]["code"] == "METHOD_NOT_ALLOWED"
