@@ -34,7 +34,7 @@ from typing import Any
 import anyio
 import mcp_types as types
 import uvicorn
-from django.db import close_old_connections
+from django.db import InterfaceError, OperationalError, close_old_connections
 from mcp.server import Server, ServerRequestContext
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
@@ -46,7 +46,7 @@ from mcp_types import INVALID_PARAMS
 from config.errors import ServiceError
 
 from .auth import user_for_token
-from .tools import TOOLS, UnknownTool, error_body, tool_call
+from .tools import TOOLS, UnknownTool, database_unavailable, error_body, tool_call
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,10 @@ def _call_as_token_user(token: str | None, name: str, arguments: Any) -> dict[st
     """In a worker thread: resolve the token (again: it may have been revoked) and run the tool."""
     close_old_connections()
     try:
-        user = user_for_token(token)
+        try:
+            user = user_for_token(token)
+        except (OperationalError, InterfaceError):
+            raise database_unavailable() from None
         if user is None:
             raise ServiceError("UNAUTHENTICATED", "the API token is missing, revoked or invalid", 401)
         return tool_call(user=user, name=name, arguments=arguments)
@@ -124,6 +127,8 @@ def build_server(token_for: TokenSource) -> Server[Any]:
     return Server(
         SERVER_NAME, version="1", title="autoplane", instructions=INSTRUCTIONS,
         on_list_tools=list_tools, on_call_tool=call_tool,
+        # Lets the SDK validate Mcp-Param-* headers (2026-07-28 HTTP) without a tools/list.
+        get_tool_input_schema=lambda name: TOOLS[name].input_schema if name in TOOLS else None,
     )  # fmt: skip
 
 

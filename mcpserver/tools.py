@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 from jsonschema import Draft202012Validator
 
 from approvals import selectors as approval_selectors
@@ -116,6 +116,12 @@ class Tool:
 def _jsonable(data: Any) -> Any:
     """Serializer data as plain JSON values (UUIDs, Decimals and datetimes become strings)."""
     return json.loads(json.dumps(data, cls=DjangoJSONEncoder))
+
+
+def database_unavailable() -> ServiceError:
+    return ServiceError(
+        "TEMPORARILY_UNAVAILABLE", "the database is unavailable; nothing was done, retry later", 503
+    )
 
 
 def _not_found(what: str) -> ServiceError:
@@ -350,6 +356,10 @@ def tool_call(*, user, name: str, arguments: Any) -> dict[str, Any]:
     except ServiceError as exc:
         _audit(call, name, arguments, exc)
         raise
+    except (OperationalError, InterfaceError):
+        # As the REST API answers (config/api_errors.py); the ledger is out of reach too.
+        logger.warning("MCP tool %s: database unavailable", name, exc_info=True)
+        raise database_unavailable() from None
     except Exception:
         logger.exception("MCP tool %s failed", name)
         error = ServiceError("INTERNAL", "internal error", 500)

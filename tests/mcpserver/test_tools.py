@@ -8,10 +8,12 @@ import re
 from pathlib import Path
 
 import pytest
+from django.db import OperationalError
 from jsonschema import Draft202012Validator
 
 from approvals.models import Approval
 from audit.models import AuditEvent
+from automations import selectors
 from automations.models import Run, RunStatus
 from config.errors import ServiceError
 from mcpserver.tools import TOOLS, UnknownTool, tool_call
@@ -294,3 +296,11 @@ def test_the_documented_client_configs_run_this_server():
     assert "AUTOPLANE_API_TOKEN" in stdio["env"]
     assert http["url"].endswith(":8765/mcp")
     assert http["headers"]["Authorization"].startswith("Bearer ")
+
+
+def test_a_database_outage_is_temporarily_unavailable_not_a_crash(operator, monkeypatch):
+    def down(user):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(selectors, "automations_visible_to", down)
+    assert refused(operator, "list_automations").code == "TEMPORARILY_UNAVAILABLE"

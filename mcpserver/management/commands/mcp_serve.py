@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 
 from mcpserver import server
 from mcpserver.auth import user_for_token
@@ -31,7 +32,13 @@ class Command(BaseCommand):
             return
         token = settings.AUTOPLANE_API_TOKEN
         # Refuse before speaking MCP at all: nothing is listed to a client without a valid token.
-        if user_for_token(token) is None:
+        try:
+            user = user_for_token(token)
+        except DatabaseError as exc:
+            raise CommandError(
+                f"the database is unavailable ({type(exc).__name__}); check DATABASE_URL"
+            ) from None
+        if user is None:
             raise CommandError(
                 "AUTOPLANE_API_TOKEN is missing or is not a valid API token "
                 "(create one with `manage.py create_api_token <user>`)"
