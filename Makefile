@@ -4,13 +4,13 @@
 PG_LANE = DATABASE_URL=postgres://postgres@127.0.0.1:5432/autoplane CELERY_BROKER_URL=redis://127.0.0.1:6379/15
 
 dev:  ## the whole platform on this machine (Ctrl-C stops it)
-	uv run manage.py up
+	./autoplane up
 
 test:  ## the suite on the embedded lane (SQLite + SQLAlchemy broker)
-	uv run pytest
+	./autoplane test
 
 test-pg:  ## the suite on PostgreSQL + Redis
-	$(PG_LANE) uv run pytest
+	$(PG_LANE) ./autoplane test
 
 lint:
 	uv run ruff check .

@@ -24,7 +24,11 @@ seconds, the configuration is broken; the supervisor stops everything and exits
 On SIGINT or SIGTERM: SIGTERM to every child (warm shutdown: workers finish or
 hand back their current task, gunicorn drains), up to ``stop_timeout`` seconds
 of grace, then SIGKILL to every child's whole process group; exit 0. A second
-signal skips the grace period. On Linux each child also gets
+signal skips the grace period, but only when it comes at least
+``SECOND_SIGNAL_AFTER`` seconds after the first: one Ctrl-C, or one
+``kill -INT`` to the process group, often arrives twice at once (the terminal
+or the killer signals the whole group, and a wrapper such as ``uv run``
+forwards its copy too), and that must still drain gracefully. On Linux each child also gets
 ``PR_SET_PDEATHSIG=SIGTERM``, so even a supervisor killed with SIGKILL leaves
 no child running.
 """
@@ -53,6 +57,7 @@ FLAP_WINDOW = 120.0  # a child with FLAP_EXITS exits in this window is reported 
 FLAP_EXITS = 3
 GROUP_GONE_TIMEOUT = 10.0  # the longest a restart waits for the old process group to be gone
 POLL_SECONDS = 0.2
+SECOND_SIGNAL_AFTER = 1.0
 
 
 @dataclass
@@ -175,6 +180,7 @@ class Supervisor:
         self._out_lock = threading.Lock()
         self._stopping = threading.Event()
         self._signals = 0
+        self._first_signal_at: float | None = None
         self._width = max((len(spec.name) for spec in specs), default=4)
 
     # --- output -----------------------------------------------------------
@@ -318,7 +324,12 @@ class Supervisor:
                 pass
 
     def _on_signal(self, signum, frame) -> None:
-        self._signals += 1
+        now = time.monotonic()
+        if self._first_signal_at is None:
+            self._first_signal_at = now
+            self._signals = 1
+        elif now - self._first_signal_at >= SECOND_SIGNAL_AFTER:
+            self._signals = 2  # a deliberate second Ctrl-C: skip the grace period
         self._stopping.set()
 
     def stop(self) -> None:

@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 import io
+import os
+import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
 
-from ops.supervisor import BACKOFF_MAX, ChildSpec, Supervisor, child_health, read_state
-from tests.live import descendants_of, is_alive
+from ops.supervisor import BACKOFF_MAX, SECOND_SIGNAL_AFTER, ChildSpec, Supervisor, child_health, read_state
+from tests.live import REPO, descendants_of, is_alive
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 # A parent that ignores SIGTERM and has a child of its own (like a pool).
@@ -146,3 +149,70 @@ def test_a_restarted_child_finds_the_port_its_predecessor_held(tmp_path):
     supervisor.stop()
     thread.join(15)
     assert "BIND FAILED" not in out.getvalue()
+
+
+# A supervisor in a process of its own (signal handlers need the main thread), with one
+# child that takes half a second to drain after SIGTERM and one that ignores it.
+SUPERVISED = """
+import sys
+from ops.supervisor import ChildSpec, Supervisor
+
+drainer = [sys.executable, "-c",
+           "import signal, sys, time\\n"
+           "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(0.5), sys.exit(0)))\\n"
+           "print('ready', flush=True)\\n"
+           "while True: time.sleep(1)"]
+children = [ChildSpec("drainer", drainer)]
+if sys.argv[1] == "stubborn":
+    children.append(ChildSpec("stubborn", [sys.executable, "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"]))
+sys.exit(Supervisor(children, stop_timeout=30.0).run())
+"""
+
+
+def _start_supervised(kind: str) -> subprocess.Popen:
+    process = subprocess.Popen(
+        [sys.executable, "-c", SUPERVISED, kind], cwd=REPO, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    expected = 2 if kind == "stubborn" else 1
+    ready = 0
+    while ready < expected:
+        line = process.stdout.readline()
+        assert line, "the supervisor exited before its children were ready"
+        ready += line.rstrip().endswith("| ready")
+    return process
+
+
+def test_one_signal_delivered_twice_at_once_still_drains_every_child():
+    # Given: a supervisor without a terminal, like `setsid uv run manage.py up`
+    process = _start_supervised("drainer")
+
+    # When: SIGINT reaches it twice in a row (the group's copy, then a wrapper's forwarded copy)
+    os.killpg(process.pid, signal.SIGINT)
+    assert "stopping" in process.stdout.readline()
+    os.killpg(process.pid, signal.SIGINT)
+    output, _ = process.communicate(timeout=20)
+
+    # Then: the child got its grace period and drained
+    assert process.returncode == 0, output
+    assert "drainer stopped" in output
+    assert "killing it" not in output
+
+
+def test_a_second_signal_a_second_later_skips_the_grace_period():
+    # Given: a child that ignores SIGTERM and 30 s of grace
+    process = _start_supervised("stubborn")
+    started = time.monotonic()
+    os.killpg(process.pid, signal.SIGINT)
+    assert "stopping" in process.stdout.readline()
+
+    # When: a deliberate second Ctrl-C, SECOND_SIGNAL_AFTER later
+    time.sleep(max(0.0, started + SECOND_SIGNAL_AFTER + 0.1 - time.monotonic()))
+    os.killpg(process.pid, signal.SIGINT)
+    output, _ = process.communicate(timeout=20)
+
+    # Then: the stubborn child is killed at once instead of after 30 s
+    assert process.returncode == 0, output
+    assert "stubborn did not stop in time; killing it" in output
+    assert time.monotonic() - started < 15
