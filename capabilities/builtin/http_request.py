@@ -126,6 +126,7 @@ def perform_request(
     method = method.upper()
     idempotent = method in IDEMPOTENT_METHODS
     deadline = time.monotonic() + max(0.001, min(timeout, ctx.timeout_seconds))
+    url = _with_params(url, params or {})
     first_origin = _origin(egress.parse_url(url))
     _remember_userinfo(ctx, url)
     auth = _credential_headers(ctx, credential, url) if credential else {}
@@ -151,7 +152,6 @@ def perform_request(
                 with client.stream(
                     method,
                     target,
-                    params=params if hop == 0 else None,
                     headers=hop_headers,
                     content=payload,
                     timeout=remaining,
@@ -167,6 +167,17 @@ def perform_request(
             except httpx.HTTPError as exc:
                 raise _transport_failure(exc, target.host, idempotent=idempotent and not committed)
     raise StepFailure(ErrorCode.INVALID_ARGUMENT, f"more than {MAX_REDIRECTS} redirects from {target.host}")
+
+
+def _with_params(url: str, params: Mapping[str, str]) -> str:
+    """``url`` with ``params`` appended to its query: neither is dropped, the URL's own query
+    stays byte for byte (httpx's ``params=`` would replace the whole query)."""
+    if not params:
+        return url
+    target = egress.parse_url(url)
+    extra = str(httpx.QueryParams(params))
+    query = target.query.decode("ascii")
+    return str(target.copy_with(query=f"{query}&{extra}".encode() if query else extra.encode()))
 
 
 def _payload(json: Any, has_json: bool, body: str | None) -> tuple[bytes | None, str | None]:

@@ -91,6 +91,8 @@ class _Handler(BaseHTTPRequestHandler):
                 "body": body,
             }
             self._send(200, json.dumps(echo).encode(), Set_Cookie="session=abc123")
+        elif url.path == "/query":  # every value of every parameter, in order
+            self._send(200, json.dumps(parse_qs(url.query)).encode())
         elif url.path == "/text":
             self._send(200, "héllo".encode(), "text/plain; charset=utf-8")
         elif url.path.startswith("/status/"):
@@ -214,6 +216,17 @@ def test_get_parses_json_and_sends_headers_and_params(base_url: str) -> None:
     assert envelope.data["headers"]["content-type"] == "application/json"
     assert envelope.data["headers"]["set-cookie"] == "[redacted]"
     assert envelope.summary == "HTTP 200 from 127.0.0.1"
+
+
+def test_the_urls_query_string_reaches_the_server_with_params_merged_in(base_url: str) -> None:
+    # SPEC §3's own example puts the query in the URL: "/orders?since={{ inputs.since }}"
+    alone = run_http({"url": f"{base_url}/query?since=2026-01-01T00:00:00Z&x=1"})
+    merged = run_http(
+        {"url": f"{base_url}/query?since=2026-01-01T00:00:00Z&x=1", "params": {"q": "a b", "x": "2"}}
+    )
+
+    assert alone.data["body"] == {"since": ["2026-01-01T00:00:00Z"], "x": ["1"]}
+    assert merged.data["body"] == {"since": ["2026-01-01T00:00:00Z"], "x": ["1", "2"], "q": ["a b"]}
 
 
 def test_get_sends_no_idempotency_key(base_url: str) -> None:
