@@ -140,6 +140,17 @@ class WorkerPool:
         self.main = None
 
 
+# A test that starts real Celery processes through a fixture is a `workers` test whether or not
+# it says so, so that `-m "not workers and not browser"` (README's quick subset) leaves it out.
+LIVE_FIXTURES = frozenset({"celery_session_pool", "celery_workers", "worker_factory", "beat_process"})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if LIVE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.workers)
+
+
 @pytest.fixture(scope="session")
 def celery_session_pool(django_db_setup, django_db_blocker):
     """Session-wide owner of the worker processes; use ``celery_workers`` or ``worker_factory`` in tests."""
