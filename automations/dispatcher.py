@@ -92,23 +92,37 @@ def queue_for(snapshot: dict[str, Any], workspace_id: int) -> str:
     return QUEUE_LONG
 
 
+def last_fired_at(request: DispatchRequest, automation: Automation) -> datetime:
+    """``$last_fired_at``, defined on every run (docs/definition-format.md).
+
+    A trigger's fire: the trigger's previous fire, which its caller passes (a trigger
+    that never fired passes its own creation time). A run without a trigger (Run now,
+    ``POST /run``): the automation's previous run, or its creation if it never ran.
+    """
+    if request.last_fired_at is not None:
+        return request.last_fired_at
+    previous = (
+        Run.objects.filter(automation=automation).order_by("-created_at").values_list("created_at", flat=True)
+    )
+    return previous.first() or automation.created_at
+
+
 def resolve_inputs(
-    snapshot: dict[str, Any], given: dict[str, Any], request: DispatchRequest
+    snapshot: dict[str, Any], given: dict[str, Any], request: DispatchRequest, automation: Automation
 ) -> dict[str, Any]:
     schema = (snapshot.get("inputs") or {}).get("schema") or {"type": "object"}
     inputs = dict(given)
-    tokens = {
-        "$now": timezone.now().isoformat(),
-        "$last_fired_at": request.last_fired_at.isoformat() if request.last_fired_at else None,
-        "$creator": request.triggered_by,
+    tokens = {  # computed only when a default names them
+        "$now": lambda: timezone.now().isoformat(),
+        "$last_fired_at": lambda: last_fired_at(request, automation).isoformat(),
+        "$creator": lambda: request.triggered_by,
     }
     for name, prop in (schema.get("properties") or {}).items():
         if name in inputs or not isinstance(prop, dict) or "default" not in prop:
             continue
         default = prop["default"]
         if isinstance(default, str) and default in tokens:
-            if tokens[default] is not None:
-                inputs[name] = tokens[default]
+            inputs[name] = tokens[default]()
         else:
             inputs[name] = default
     errors = [
@@ -173,7 +187,7 @@ def dispatch(request: DispatchRequest) -> DispatchResult:
     if automation is None:
         raise DispatchError("NOT_FOUND", "automation not found", 404)
     snapshot = automation.definition
-    inputs = resolve_inputs(snapshot, request.inputs, request)
+    inputs = resolve_inputs(snapshot, request.inputs, request, automation)
     execution = snapshot.get("execution") or {}
     cap = execution.get("budget_cap_usd")
     if cap is not None and estimate_cost(snapshot, automation.workspace_id) > Decimal(str(cap)):

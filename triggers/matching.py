@@ -142,6 +142,7 @@ def _match_one(event: Event, trigger: Trigger) -> str | None:
                 principal_ids=event.principal_ids,
                 dedupe=Dedupe(scope=f"trigger:{trigger.pk}", key=f"event:{event.id}"), trace_id=event.trace_id,
                 parent_run_id=event.parent_run_id, chain_depth=event.chain_depth,
+                last_fired_at=trigger.last_fired_at or trigger.created_at,
             )
         )  # fmt: skip
     except MappingError as exc:

@@ -258,7 +258,7 @@ class _Firing:
                     trigger_type="schedule", trigger_key=self.trigger.key, trigger_id=self.trigger.pk,
                     trigger_payload=payload, triggered_by=f"schedule:{self.trigger.key}",
                     dedupe=Dedupe(scope=f"trigger:{self.trigger.pk}", key=f"slot:{_iso(slot)}"),
-                    last_fired_at=self.last_fired_at,
+                    last_fired_at=self.last_fired_at or self.trigger.created_at,
                 )
             )  # fmt: skip
         except DispatchError as exc:

@@ -415,7 +415,8 @@ def _fire(trigger: Trigger, request: FireRequest, now: datetime) -> DispatchResu
                 DispatchRequest(
                     automation_id=trigger.automation_id, inputs=inputs, trigger_type="webhook",
                     trigger_key=trigger.key, trigger_id=trigger.pk, trigger_payload=body,
-                    triggered_by=f"webhook:{trigger.key}", dedupe=dedupe, last_fired_at=trigger.last_fired_at,
+                    triggered_by=f"webhook:{trigger.key}", dedupe=dedupe,
+                    last_fired_at=trigger.last_fired_at or trigger.created_at,
                     principal_ids=webhook_principals(trigger),
                 )
             )  # fmt: skip

@@ -193,6 +193,12 @@ def _method_allowed(owner: Any, name: str) -> bool:
     return False
 
 
+class _Inputs(dict):
+    """The run's ``inputs`` while a template renders, so that a missing one is named as an input."""
+
+    __slots__ = ()
+
+
 class _Undefined(StrictUndefined):
     __slots__ = ()
 
@@ -201,6 +207,11 @@ class _Undefined(StrictUndefined):
         if self._undefined_hint:
             return self._undefined_hint
         name = self._undefined_name
+        if isinstance(self._undefined_obj, _Inputs) and isinstance(name, str):
+            return (
+                f"input {name[:64]!r} is not defined: the run was not given it and the automation's "
+                "input schema has no default for it"
+            )
         shown = repr(name[:64]) if isinstance(name, str) else str(name)[:40] if is_int(name) else ""
         if self._undefined_obj is missing:
             return f"undefined variable {shown}"
@@ -506,7 +517,10 @@ def render(source: str, context: Mapping[str, Any]) -> Any:
         return source
     compiled = _compile(source)
     with _guard("render", RENDER_BUDGET_SECONDS):
-        ctx = compiled.template.new_context(dict(context))
+        variables = dict(context)
+        if type(variables.get("inputs")) is dict:
+            variables["inputs"] = _Inputs(variables["inputs"])
+        ctx = compiled.template.new_context(variables)
         pieces = compiled.template.root_render_func(ctx)
         if compiled.native:
             for _ in pieces:

@@ -207,8 +207,9 @@ def test_last_fired_at_resolves_to_the_previous_slot(db, make_automation):
     fire_schedule(str(trigger.pk), now=_at(T0 + timedelta(hours=1)))
 
     first, second = _runs(trigger)
-    assert "since" not in first.inputs
+    assert first.inputs["since"] == trigger.created_at.isoformat()  # the first fire: since the trigger exists
     assert second.inputs["since"] == T0.isoformat()
+    assert Trigger.objects.get(pk=trigger.pk).last_fired_at == T0 + timedelta(hours=1)
 
 
 def test_a_paused_automation_or_disabled_trigger_does_not_run(db, make_automation, owner):

@@ -363,7 +363,7 @@ def test_last_fired_at_is_passed_to_the_next_fire(db, make_automation, owner):
 
     second = Run.objects.get(pk=fire(APIClient(), automation.pk, {}, token=token).json()["run_id"])
 
-    assert "since" not in first.inputs
+    assert first.inputs["since"] == automation.triggers.get().created_at.isoformat()
     assert second.inputs["since"] == fired_at.isoformat()
 
 

@@ -290,6 +290,16 @@ def test_plain_strings_are_returned_untouched_even_when_long() -> None:
         ("{% for x in foo %}{% endfor %}", "undefined variable 'foo'"),
         ("{{ foo|upper }}", "undefined variable 'foo'"),
         ("{{ inputs.empty|first }}", "first: the sequence is empty"),
+        (
+            "{{ inputs.until }}",
+            "input 'until' is not defined: the run was not given it and the automation's "
+            "input schema has no default for it",
+        ),
+        (
+            "x={{ inputs['until'] }}",
+            "input 'until' is not defined: the run was not given it and the "
+            "automation's input schema has no default for it",
+        ),
     ],
 )
 def test_strict_undefined_names_what_is_missing(source: str, message: str) -> None:
