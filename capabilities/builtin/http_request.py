@@ -134,7 +134,7 @@ def perform_request(
     committed = False  # a POST/PATCH has been answered: a failure now must not be retried
 
     with egress.EgressClient(egress.effective_allowlist(ctx.egress_allowlist)) as client:
-        for _hop in range(MAX_REDIRECTS + 1):
+        for hop in range(MAX_REDIRECTS + 1):
             if ctx.cancel_requested():
                 raise StepFailure(ErrorCode.CANCELLED, "the run was cancelled")
             target = egress.parse_url(url)
