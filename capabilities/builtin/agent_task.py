@@ -20,8 +20,10 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
@@ -71,7 +73,15 @@ def describe(config: Mapping[str, Any]) -> Capability:
         risk=Risk.LOW,
         idempotent=not has_tools,
         expected_duration_seconds=120.0,
+        cost_estimate=estimate_cost,
     )
+
+
+def estimate_cost(config: Mapping[str, Any]) -> Decimal:
+    """The least one model call can cost: the prompt (~4 characters a token) and ``max_tokens`` of answer."""
+    characters = len(str(config.get("prompt", ""))) + len(str(config.get("system", "")))
+    usage = llm.Usage(prompt_tokens=characters // 4, completion_tokens=int(config.get("max_tokens") or 0))
+    return llm.cost_usd(settings.LLM_MODEL, usage)
 
 
 def validate(config: Mapping[str, Any]) -> list[tuple[str, str, str]]:

@@ -14,7 +14,7 @@ from audit.models import AuditEvent
 from automations import services
 from automations.models import Run, StepRun
 from tests.llm_server import reply_json, reply_text, reply_tool_call
-from tests.people import member
+from tests.people import client_for, member
 from workspaces.models import Role
 
 pytestmark = pytest.mark.django_db
@@ -277,3 +277,17 @@ def test_audit_rows_per_agent_step(llm, workspace, owner, operator, drive):
     types = list(AuditEvent.objects.filter(refs__step="agent").order_by("id").values_list("type", flat=True))
     assert types == ["step.started", "agent.tool", "step.succeeded"]
     assert run.status == "succeeded"
+
+
+def test_a_run_whose_estimate_exceeds_the_budget_cap_is_refused_at_dispatch(llm, workspace, owner, operator):
+    # one call's least cost: 100 000 completion tokens at $50 per million = $5
+    automation = automation_with(workspace, owner, agent(max_tokens=100_000), budget_cap_usd=1)
+
+    response = client_for(operator).post(
+        f"/api/v1/automations/{automation.pk}/run", {"topic": "x"}, format="json"
+    )
+
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "BUDGET_EXCEEDED"
+    assert Run.objects.count() == 0
+    assert llm.requests == []
