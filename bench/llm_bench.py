@@ -61,16 +61,20 @@ def main() -> None:
                   "config": {"method": "POST", "url": "https://hooks.example.com/x", "json": {"n": "{{ run.id }}"}}}],
     }  # fmt: skip
     review = {"summary": "Posts every weekday.", "flags": []}
-    platform, total = [], []
+    platform, total, outside = [], [], []
     for _ in range(args.drafts):
         server.script(reply_json(definition), reply_json(review))
         started = time.perf_counter()
         draft = draft_create(workspace=workspace, user=user, prompt="every weekday post to our hook")
         total.append((time.perf_counter() - started) * 1000)
         platform.append(draft.usage["platform_ms"])
+        outside.append(
+            total[-1] - draft.usage["model_ms"]
+        )  # everything but the model calls, DB writes included
     print(f"draft (1 round + review, {args.drafts}x): wall p50 {_pct(total, 0.5):.1f} ms, "
           f"platform excl. model p50 {_pct(platform, 0.5):.1f} ms p95 {_pct(platform, 0.95):.1f} ms "
-          f"mean {statistics.mean(platform):.1f} ms")  # fmt: skip
+          f"mean {statistics.mean(platform):.1f} ms; with the draft and audit writes p50 {_pct(outside, 0.5):.1f} ms "
+          f"p95 {_pct(outside, 0.95):.1f} ms")  # fmt: skip
 
     automation = services.automation_create(workspace=workspace, user=user, definition={
         "schema_version": "1.0", "name": f"bench agent {time.time()}",

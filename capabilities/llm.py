@@ -25,9 +25,11 @@ Contract:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -194,7 +196,8 @@ class LlmClient:
             end = min(end, deadline)
         url = f"{self.config.base_url}/chat/completions"
         attempt = 0
-        with httpx.Client(transport=self._transport, follow_redirects=False) as client:
+        client = _shared_client() if self._transport is None else httpx.Client(transport=self._transport)
+        with contextlib.nullcontext() if self._transport is None else client:
             while True:
                 remaining = end - time.monotonic()
                 if remaining <= 0:
@@ -231,6 +234,20 @@ class LlmClient:
                     raise LlmError(ErrorCode.INVALID_ARGUMENT, f"the LLM's answer is larger than {cap} bytes")
                 chunks.append(chunk)
             return response.status_code, b"".join(chunks), _retry_after(response.headers.get("retry-after"))
+
+
+_client_lock = threading.Lock()
+_client: httpx.Client | None = None
+
+
+def _shared_client() -> httpx.Client:
+    """One connection pool per process: building a client loads the CA bundle (~100 ms), and
+    keep-alive saves a TLS handshake per call. httpx clients are safe to share between threads."""
+    global _client
+    with _client_lock:
+        if _client is None:
+            _client = httpx.Client(follow_redirects=False, limits=httpx.Limits(max_keepalive_connections=8))
+        return _client
 
 
 def _retry_after(value: str | None) -> float | None:
