@@ -46,9 +46,6 @@ from .models import Approval, ApprovalStatus, ConsumedNonce, StandingApproval
 
 logger = logging.getLogger(__name__)
 
-# An explicit ``require_approval`` step always asks a human: standing approvals never cover it.
-EXPLICIT_ACTION = "require_approval"
-
 
 @dataclass(frozen=True)
 class GateRequest:
@@ -74,6 +71,8 @@ class GateRequest:
     extra: dict[str, Any] = field(default_factory=dict)
     # The people behind the run (user ids): under four-eyes none of them may approve it.
     principal_ids: tuple[int, ...] = ()
+    # An explicit human checkpoint (require_approval): standing approvals never cover it.
+    always_asks_human: bool = False
 
 
 @dataclass(frozen=True)
@@ -89,7 +88,7 @@ class Verdict:
 
 def check_step(request: GateRequest) -> Verdict:
     now = timezone.now()
-    if request.action != EXPLICIT_ACTION:
+    if not request.always_asks_human:
         verdict = _use_standing(request, now)
         if verdict is not None:
             return verdict
@@ -240,7 +239,7 @@ def _pending(approval: Approval, created: bool = False) -> Verdict:
 
 
 def why_text(request: GateRequest) -> str:
-    if request.action == EXPLICIT_ACTION:
+    if request.always_asks_human:
         text = "explicit approval step"
     else:
         autonomy = request.extra.get("autonomy")

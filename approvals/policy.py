@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+import re
 
-from capabilities.base import Capability, Risk, SideEffect
+from capabilities.base import Capability, Risk, RiskInputs, SideEffect
 
 
 class Decision(enum.StrEnum):
@@ -25,46 +25,62 @@ GATE_MATRIX: dict[str, tuple[Decision, Decision, Decision, Decision]] = {
     "A4": (_A, _A, _A, _C),
 }
 
-DESTRUCTIVE_VERBS = (
-    "delete",
-    "remove",
-    "destroy",
-    "drop",
-    "purge",
-    "truncate",
-    "wipe",
-    "revoke",
-    "terminate",
+# Whole tokens only (SPEC §7.3): a capability id is split into segments at
+# ``.``, ``_``, ``-``, ``/`` and ``:``, and a segment must *be* one of these
+# words ("db.drop_table" raises; "ui.dropdown_options" does not). A step's id is
+# a label chosen by its author and never raises risk.
+DESTRUCTIVE_VERBS = frozenset(
+    {"delete", "remove", "destroy", "drop", "purge", "truncate", "wipe", "revoke", "terminate", "erase"}
 )
+DESTRUCTIVE_METHODS = frozenset({"DELETE"})
 MANY_RECIPIENTS = 10
+_SEGMENT = re.compile(r"[._:/-]+")
 
 
 def gate(autonomy: str, risk: Risk) -> Decision:
     return GATE_MATRIX[autonomy][int(risk)]
 
 
+def destructive_segments(capability_id: str) -> list[str]:
+    return [seg for seg in _SEGMENT.split(capability_id.lower()) if seg in DESTRUCTIVE_VERBS]
+
+
 def step_risk(
     capability: Capability,
+    inputs: RiskInputs | None = None,
     *,
     recipients: int = 0,
-    verbs: Iterable[str] = (),
+    step_id: str = "",
     quiet_hours: bool = False,
-    network: bool = False,
 ) -> tuple[Risk, list[str]]:
-    """The capability's risk raised one level per adjuster that applies; never lowered.
+    """The capability's risk raised one level per rule that applies; never lowered.
 
-    Returns the risk and the reasons it was raised (shown to the approver).
+    Returns the risk and, for each rule that raised it, why and by how much
+    ("DELETE is a destructive method: risk high → critical"): shown to the
+    approver and in a refusal.
     """
-    raises: list[str] = []
+    inputs = inputs or RiskInputs()
+    rules: list[str] = []
     if SideEffect.EXTERNAL_WRITE in capability.side_effects and recipients > MANY_RECIPIENTS:
-        raises.append(f"external write to {recipients} recipients")
-    words = " ".join(verbs).lower()
-    if any(verb in words for verb in DESTRUCTIVE_VERBS):
-        raises.append("destructive verb")
+        rules.append(f"an external write to {recipients} recipients (more than {MANY_RECIPIENTS})")
+    if inputs.method.upper() in DESTRUCTIVE_METHODS:
+        rules.append(f"{inputs.method.upper()} is a destructive method")
+    verbs = destructive_segments(capability.id)
+    if verbs:
+        rules.append(f"capability {capability.id} names a destructive verb ({verbs[0]})")
+    named = destructive_segments(step_id)
+    if named and not verbs:
+        # Still honoured, as whole words only ("wipe_cache" raises, "dropdown_options" does not).
+        rules.append(f"step {step_id} names a destructive verb ({named[0]})")
     if quiet_hours:
-        raises.append("quiet hours")
-    risk = capability.risk.raised(len(raises)) if raises else capability.risk
-    if network and risk < Risk.HIGH:
+        rules.append("quiet hours")
+    risk = capability.risk
+    reasons: list[str] = []
+    for rule in rules:
+        raised = risk.raised()
+        reasons.append(f"{rule}: risk {risk.label} → {raised.label}")
+        risk = raised
+    if inputs.network and risk < Risk.HIGH:
+        reasons.append(f"network access from a sandbox: risk {risk.label} → high")
         risk = Risk.HIGH
-        raises.append("network access from a sandbox")
-    return risk, raises
+    return risk, reasons

@@ -16,6 +16,7 @@ rows when it asked for approval).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ from approvals import policy
 from audit import writer
 from audit.models import Outcome
 from audit.redaction import redact
-from capabilities import tools
+from capabilities import registry, tools
 from capabilities.base import (
     ActionContext,
     AwaitingApproval,
@@ -38,8 +39,11 @@ from capabilities.base import (
     StepFailure,
 )
 
-from . import runtime
+from . import gating, steps
 from .models import Run, StepRun
+from .outcomes import redacted
+
+logger = logging.getLogger(__name__)
 
 _ENDED = {"denied": ErrorCode.APPROVAL_DENIED, "expired": ErrorCode.APPROVAL_EXPIRED}
 
@@ -62,7 +66,7 @@ class ToolGateway:
         tool = tools.tool(tool_id, self.run.workspace_id)
         assert tool is not None  # _refusal looked it up
         capability = _describe(tool, args)
-        risk, reasons = runtime.risk_for(self.step["step_id"], tool_id, args, capability)
+        risk, reasons = steps.risk_for(self.step["step_id"], registry.get_action(tool_id), args, capability)
         decision = policy.Decision.PREVIEW if self.autonomy == "A0" else policy.gate(self.autonomy, risk)
         if decision == policy.Decision.BLOCK:
             failure = StepFailure(ErrorCode.POLICY_VIOLATION,
@@ -103,10 +107,11 @@ class ToolGateway:
     def _approved_or_park(self, tool_id: str, args: Mapping[str, Any], call_key: str, capability: Capability,
                           risk: Risk, reasons: list[str]) -> None:  # fmt: skip
         step_key = f"{self.step_run.phase}:{self.step_run.index}:{self.step['step_id']}#{call_key}"
-        verdict = runtime.approval_gate(
-            run=self.run, step_run=self.step_run, step=dict(self.step), config={"tool": tool_id, "args": dict(args)},
-            capability=capability, risk=risk, reasons=reasons, step_key=step_key,
+        prepared = steps.PreparedStep(
+            step=dict(self.step), action=registry.get_action(self.step["action"]),
+            config={"tool": tool_id, "args": dict(args)}, capability=capability, risk=risk, reasons=reasons,
         )  # fmt: skip
+        verdict = gating.approval_verdict(self.run, self.step_run, prepared, self.autonomy, step_key=step_key)
         if verdict.status == "approved":
             return
         if verdict.status == "pending":
@@ -125,11 +130,11 @@ class ToolGateway:
         except (AwaitingApproval, KeyboardInterrupt):
             raise
         except Exception:
-            runtime.logger.exception("run %s: tool %s raised", self.run.pk, tool.id)
+            logger.exception("run %s: tool %s raised", self.run.pk, tool.id)
             envelope = Envelope.failure(
                 ErrorCode.INTERNAL, "the tool failed with an internal error", retryable=False
             )
-        return runtime.redacted(envelope, self.ctx.secrets)
+        return redacted(envelope, self.ctx.secrets)
 
     def _audit(self, tool_id: str, call_key: str, args: Mapping[str, Any], envelope: Envelope, *, decision: str,
                risk: Risk | None = None) -> None:  # fmt: skip

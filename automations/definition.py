@@ -16,7 +16,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from capabilities import registry
-from capabilities.base import Capability, Risk, SideEffect
+from capabilities.base import ActionDefinition, Capability, Risk, SideEffect
 from capabilities.grants import Grant
 
 from .expressions import template
@@ -196,14 +196,18 @@ def template_names(source: str) -> set[str]:
     return set(template.template_names(source))
 
 
+def action_of(step: Mapping[str, Any]) -> ActionDefinition | None:
+    return registry.get_action(step.get("action", ""))
+
+
 def describe_step(step: Mapping[str, Any], workspace_id: int | None = None) -> Capability | None:
     """The capability a step exercises, as far as its unrendered config tells."""
     action = registry.get_action(step.get("action", ""))
     if action is None:
         return None
     config = step.get("config") or {}
-    if step["action"] == "call_capability" and workspace_id is not None:
-        target = registry.get_capability(str(config.get("capability", "")), workspace_id)
+    if action.target is not None and workspace_id is not None:
+        target = action.target(config, workspace_id)
         if target is not None:
             return target
     try:
@@ -288,8 +292,8 @@ class _Checker:
             for suffix, code, message in action.validate(config):
                 self.add(path + "/config" + suffix, code, message)
         self.check_credentials(step["action"], config, path + "/config")
-        if step["action"] == "call_capability" and isinstance(config.get("capability"), str):
-            self.check_capability_call(config, path + "/config")
+        if action.target is not None:
+            self.check_capability_call(action, config, path + "/config")
 
     def check_credentials(self, action: str, config: Mapping[str, Any], path: str) -> None:
         if self.credential_names is None:
@@ -327,17 +331,22 @@ class _Checker:
             return
         self.add(path, "credential_not_granted", f"credential '{name}' {problem}")
 
-    def check_capability_call(self, config: Mapping[str, Any], path: str) -> None:
-        capability_id = config["capability"]
-        if template.is_template(capability_id) or self.workspace_id is None:
+    def check_capability_call(self, action: ActionDefinition, config: Mapping[str, Any], path: str) -> None:
+        """An action that calls a capability (call_capability): that capability exists and takes these args."""
+        capability_id = config.get("capability")
+        if (
+            not isinstance(capability_id, str)
+            or template.is_template(capability_id)
+            or self.workspace_id is None
+        ):
             return
-        capability = registry.get_capability(capability_id, self.workspace_id)
+        capability = action.target(config, self.workspace_id) if action.target else None
         if capability is None:
             self.add(path + "/capability", "unknown_capability", f"unknown capability '{capability_id}'")
             return
         self.issues += _schema_errors(
             Draft202012Validator(capability.input_schema),
-            config.get("args", {}),
+            action.target_args(config) if action.target_args else config,
             path + "/args",
             lenient=True,
         )

@@ -139,6 +139,8 @@ class StepStatus(models.TextChoices):
     FAILED = "failed"
     SKIPPED = "skipped"
     AWAITING_APPROVAL = "awaiting_approval"
+    WAITING = "waiting"  # a wait step whose timer is pending
+    CANCELLED = "cancelled"  # interrupted by a cancel while it ran
 
 
 class StepRun(models.Model):

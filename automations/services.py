@@ -182,7 +182,7 @@ def run_cancel(*, run: Run, user=None) -> Run:
         raise RunActionRefused("CONFLICT", f"a {run.status} run cannot be cancelled")
     if run.status == RunStatus.RUNNING:
         Run.objects.filter(pk=run.pk).update(cancel_requested=True)
-        summary = "cancel requested; the worker stops at the next step boundary"
+        summary = "cancel requested; the worker interrupts the running step (or stops after it, if it cannot be interrupted)"
     else:
         check_transition(run.status, RunStatus.CANCELLED)
         Run.objects.filter(pk=run.pk).update(
@@ -191,6 +191,10 @@ def run_cancel(*, run: Run, user=None) -> Run:
         )  # fmt: skip
         StepRun.objects.filter(run=run, status=StepStatus.AWAITING_APPROVAL).update(status=StepStatus.FAILED,
                                                                                   error_code="CANCELLED")  # fmt: skip
+        StepRun.objects.filter(run=run, status=StepStatus.WAITING).update(
+            status=StepStatus.CANCELLED, error_code="CANCELLED", finished_at=timezone.now(),
+            error_message="cancelled while waiting for its timer",
+        )  # fmt: skip
         summary = "run cancelled"
         approvals_invalidate_for_run(
             run_id=run.pk, actor=writer.actor_for(user), reason="the run was cancelled"

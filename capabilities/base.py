@@ -10,7 +10,8 @@ budgets: the executor owns those.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -210,6 +211,10 @@ class ActionContext:
     publish_event: Callable[[str, Mapping[str, Any]], str] | None = None
     call_capability: Callable[[str, Mapping[str, Any]], Envelope] | None = None
     cancel_requested: Callable[[], bool] = lambda: False
+    # Set by the engine when an operator cancels the run while this handler runs.
+    # A long handler waits on it (or checks it) and stops: the sandbox kills its
+    # process group, an HTTP call in flight is abandoned.
+    cancelled: threading.Event = field(default_factory=threading.Event)
     # Values the engine must redact from anything it stores (credential material
     # resolved during this call is appended here by the resolver).
     secrets: list[str] = field(default_factory=list)
@@ -229,8 +234,39 @@ class ActionContext:
 
 
 @dataclass(frozen=True)
+class RiskInputs:
+    """What a rendered config tells the risk policy beyond its capability (SPEC §7.3).
+
+    Only whole tokens: an HTTP method, a recipient count, a network grant. A
+    step's id is a label and is never one of them.
+    """
+
+    method: str = ""
+    network: bool = False
+
+
+def _no_risk_inputs(config: Mapping[str, Any]) -> RiskInputs:
+    return RiskInputs()
+
+
+def _nobody(config: Mapping[str, Any]) -> Sequence[str]:
+    return ()
+
+
+def _no_message(config: Mapping[str, Any]) -> str:
+    return ""
+
+
+@dataclass(frozen=True)
 class ActionDefinition:
-    """A step's ``action``: its config schema and how to describe/run a given config."""
+    """A step's ``action``: everything the engine needs to know about it.
+
+    The engine never compares an action's name with a literal; it asks the
+    definition: how to describe a config (its capability: risk, side effects,
+    idempotency, duration), what raises its risk, who it notifies, whether it
+    always asks a human, what to tell an approver, whether a cancel can
+    interrupt it, and — for an action that calls another capability — which one.
+    """
 
     name: str
     description: str
@@ -241,3 +277,18 @@ class ActionDefinition:
     handler: Callable[[ActionContext, Mapping[str, Any]], Envelope]
     # Extra checks beyond the schema at save time: yields (json-pointer-suffix, code, message).
     validate: Callable[[Mapping[str, Any]], list[tuple[str, str, str]]] | None = None
+    # Tokens of the rendered config that raise its risk (method, network grant).
+    risk_inputs: Callable[[Mapping[str, Any]], RiskInputs] = _no_risk_inputs
+    # The people a rendered config reaches (addresses); many of them raise the risk of an external write.
+    notifies: Callable[[Mapping[str, Any]], Sequence[str]] = _nobody
+    # The step is a human checkpoint: always gated, never covered by a standing approval.
+    always_asks_human: bool = False
+    # What an approver is told, beyond the rendered config (e.g. require_approval's message).
+    approver_message: Callable[[Mapping[str, Any]], str] = _no_message
+    # False: a cancel waits for the handler to return (the API/admin say "cancel requested").
+    interruptible: bool = True
+    # For an action that calls another capability (call_capability): that capability,
+    # looked up in the run's workspace, and the arguments it is called with. The
+    # capability then decides risk, side effects and the argument schema.
+    target: Callable[[Mapping[str, Any], int], Capability | None] | None = None
+    target_args: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None

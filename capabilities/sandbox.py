@@ -42,6 +42,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -82,6 +83,8 @@ class SandboxRequest:
     max_file_bytes: int = 64 * MiB
     max_open_files: int = 256
     cpu_seconds: int | None = None  # None: ceil(timeout_seconds) + 1
+    # Set when the run is cancelled: the process group is killed at once (``CANCELLED``).
+    cancelled: threading.Event | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not self.argv or not all(isinstance(a, str) and "\0" not in a for a in self.argv):
@@ -235,7 +238,7 @@ def _execute(
             raise SandboxUnavailable(f"cannot start the {kind} sandbox: {exc}") from exc
     out, err = _Stream(request.max_output_bytes), _Stream(request.max_output_bytes)
     streams = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}  # type: ignore[union-attr]
-    timed_out = flooded = False
+    timed_out = flooded = cancelled = False
     exited_at: float | None = None
     with selectors.DefaultSelector() as selector, proc:
         for fd in streams:
@@ -248,8 +251,15 @@ def _execute(
                     _kill_group(proc)  # background children must not outlive the step
                 if not selector.get_map() or now - exited_at > _DRAIN_GRACE:
                     break
-            elif now >= deadline and not (timed_out or flooded):
+            elif now >= deadline and not (timed_out or flooded or cancelled):
                 timed_out = True
+                _kill_group(proc)
+            elif (
+                request.cancelled is not None
+                and request.cancelled.is_set()
+                and not (timed_out or flooded or cancelled)
+            ):
+                cancelled = True
                 _kill_group(proc)
             if not selector.get_map():
                 try:
@@ -267,7 +277,17 @@ def _execute(
                 if stream.total > _FLOOD_FACTOR * stream.cap and not (flooded or timed_out):
                     flooded = True
                     _kill_group(proc)
+    if cancelled:
+        return _cancelled_result(out, err, time.monotonic() - started)
     return _result(proc.returncode, out, err, timed_out, flooded, time.monotonic() - started, kind)
+
+
+def _cancelled_result(out: _Stream, err: _Stream, duration: float) -> SandboxResult:
+    return SandboxResult(
+        exit_code=None, stdout=bytes(out.head), stderr=bytes(err.head), stdout_truncated=out.total > out.cap,
+        stderr_truncated=err.total > err.cap, timed_out=False, oom=False, signal=signal.SIGKILL,
+        duration_seconds=duration, error_code="CANCELLED", violation="cancelled",
+    )  # fmt: skip
 
 
 def _result(

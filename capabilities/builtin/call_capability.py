@@ -3,9 +3,9 @@
 Risk and side effects come from the *target*. ``describe`` has no workspace,
 so it can only see native capabilities; for anything else it returns a
 conservative placeholder (high risk, external write, not idempotent). The
-engine special-cases this action and looks the target up itself with the
-workspace (``registry.get_capability``) before gating; the placeholder is
-only what is left when it cannot.
+definition's ``target`` looks the capability up in the run's workspace
+(``registry.get_capability``), so the engine gates and validates the real
+target; the placeholder is only what is left when it cannot.
 """
 
 from __future__ import annotations
@@ -61,4 +61,8 @@ ACTION = ActionDefinition(
     config_schema=CONFIG_SCHEMA,
     describe=describe,
     handler=handler,
+    target=lambda config, workspace_id: registry.get_capability(
+        str(config.get("capability", "")), workspace_id
+    ),
+    target_args=lambda config: config.get("args") or {},
 )

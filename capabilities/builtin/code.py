@@ -49,6 +49,7 @@ from ..base import (
     Envelope,
     ErrorCode,
     Risk,
+    RiskInputs,
     SideEffect,
     StepFailure,
 )
@@ -330,6 +331,7 @@ def build_request(ctx: ActionContext, config: Mapping[str, Any], kind: str) -> s
         memory_mb=int(config.get("memory_mb", DEFAULT_MEMORY_MB)),
         network=config.get("network", "none") == "allow",
         max_output_bytes=MAX_OUTPUT_BYTES,
+        cancelled=ctx.cancelled,
     )
 
 
@@ -354,6 +356,12 @@ def _run(ctx: ActionContext, config: Mapping[str, Any], kind: str) -> Envelope:
         "run %s step %s: %s in %.0f ms (code=%s violation=%s)",
         ctx.run_id, ctx.step_id, kind, result.duration_seconds * 1000, result.error_code, result.violation,
     )  # fmt: skip
+    if result.violation == "cancelled":
+        return Envelope.failure(
+            ErrorCode.CANCELLED,
+            f"the run was cancelled: the sandbox process group was killed after {result.duration_seconds:.1f}s",
+            retryable=False,
+        )
     return to_envelope(result, request, network=request.network)
 
 
@@ -484,6 +492,10 @@ def _describe_shell(config: Mapping[str, Any]) -> Capability:
     return describe(config, kind="run_shell")
 
 
+def _risk_inputs(config: Mapping[str, Any]) -> RiskInputs:
+    return RiskInputs(network=config.get("network") == "allow")
+
+
 RUN_PYTHON = ActionDefinition(
     name="run_python",
     description=(
@@ -494,6 +506,7 @@ RUN_PYTHON = ActionDefinition(
     describe=_describe_python,
     handler=_python_handler,
     validate=_validate_python,
+    risk_inputs=_risk_inputs,
 )
 
 RUN_SHELL = ActionDefinition(
@@ -506,4 +519,5 @@ RUN_SHELL = ActionDefinition(
     describe=_describe_shell,
     handler=_shell_handler,
     validate=_validate_shell,
+    risk_inputs=_risk_inputs,
 )

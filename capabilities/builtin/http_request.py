@@ -34,6 +34,7 @@ from ..base import (
     Envelope,
     ErrorCode,
     Risk,
+    RiskInputs,
     SideEffect,
     StepFailure,
 )
@@ -135,7 +136,7 @@ def perform_request(
 
     with egress.EgressClient(egress.effective_allowlist(ctx.egress_allowlist)) as client:
         for hop in range(MAX_REDIRECTS + 1):
-            if ctx.cancel_requested():
+            if ctx.cancelled.is_set() or ctx.cancel_requested():
                 raise StepFailure(ErrorCode.CANCELLED, "the run was cancelled")
             target = egress.parse_url(url)
             same_origin = _origin(target) == first_origin
@@ -348,4 +349,5 @@ ACTION = ActionDefinition(
     config_schema=CONFIG_SCHEMA,
     describe=describe,
     handler=handler,
+    risk_inputs=lambda config: RiskInputs(method=str(config.get("method", "GET")).upper()),
 )

@@ -34,4 +34,6 @@ ACTION = ActionDefinition(
     config_schema=CONFIG_SCHEMA,
     describe=describe,
     handler=handler,
+    always_asks_human=True,
+    approver_message=lambda config: str(config.get("message", "")),
 )

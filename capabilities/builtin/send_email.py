@@ -138,4 +138,5 @@ ACTION = ActionDefinition(
     config_schema=CONFIG_SCHEMA,
     describe=describe,
     handler=handler,
+    notifies=lambda config: [*(config.get("to") or []), *(config.get("cc") or [])],
 )

@@ -219,7 +219,7 @@ def test_config_changed_and_plan_hash_forged_on_the_row_is_refused_by_the_token(
     approval = drive.decide(drive.approval(run), people.alice)
     Run.objects.filter(pk=run.pk).update(inputs={"url": target.url(other_path)})
     # The attacker also rewrites the row's plan hash to what will now be rendered.
-    from automations.runtime import plan_hash
+    from automations.steps import plan_hash
 
     run.refresh_from_db()
     new_hash = plan_hash(run.snapshot, approval.step_key, {"method": "POST", "url": target.url(other_path)})

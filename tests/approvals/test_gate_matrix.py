@@ -10,6 +10,7 @@ import pytest
 from approvals import policy
 from approvals.models import Approval, ApprovalStatus
 from automations.models import DomainEvent
+from capabilities import registry
 from capabilities.base import Risk
 
 from .helpers import audit_types, definition, risk_step
@@ -31,9 +32,9 @@ def test_risk_steps_have_the_risk_they_are_named_for():
 
     for risk in RISKS:
         step = risk_step(risk, "http://127.0.0.1/x")
-        config = step["config"]
+        action = registry.get_action(step["action"])
         computed, _ = policy.step_risk(
-            describe_step(step), verbs=[config["method"], "", step["step_id"]], recipients=0
+            describe_step(step), action.risk_inputs(step["config"]), step_id=step["step_id"]
         )
         assert computed == Risk.parse(risk), risk
 

@@ -1,0 +1,75 @@
+"""The :class:`~capabilities.base.ActionContext` a handler runs with (SPEC §5).
+
+Everything privileged is a resolver called at use time: credentials (whose
+values are collected for redaction), publishing events, calling another
+capability, the LLM, the run's cancel flag; plus the engine-owned parts a
+step call gets (its cost meter, the agent tool gateway, saved state).
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from capabilities import llm, registry
+from capabilities.base import ActionContext, CostMeter, Envelope
+from capabilities.credentials import credential_resolve
+
+from . import events
+from .models import Run
+
+
+def action_context(run: Run, step: dict[str, Any], attempt: int, key: str, timeout: float,
+                   **extra: Any) -> ActionContext:  # fmt: skip
+    """A handler's context; ``extra`` sets the engine-owned parts (cost meter, tool gateway, saved state)."""
+    secrets: list[str] = []
+    workspace = run.workspace
+
+    def resolve_credential(
+        name: str, *, destination: str | None = None, code_step: bool = False
+    ) -> dict[str, Any]:
+        value, secret_values = credential_resolve(workspace_id=run.workspace_id, name=name,
+                                                  automation_id=run.automation_id, destination=destination,
+                                                  code_step=code_step)  # fmt: skip
+        secrets.extend(secret_values)
+        return value
+
+    def publish_event(event_type: str, payload: dict[str, Any]) -> str:
+        return events.publish(
+            workspace_id=run.workspace_id, event_type=event_type, payload=payload, source=f"run:{run.pk}",
+            trace_id=run.trace_id, chain_depth=run.chain_depth + 1, parent_run_id=str(run.pk),
+            actor=f"run:{run.pk}", principal_ids=run.principal_ids,
+        )  # fmt: skip
+
+    def call_capability(capability_id: str, args: dict[str, Any]) -> Envelope:
+        capability = registry.get_capability(capability_id, run.workspace_id)
+        if capability is None or capability.handler is None:
+            return Envelope.failure(
+                "CAPABILITY_NOT_FOUND", f"unknown capability '{capability_id}'", retryable=False
+            )
+        return capability.handler(ctx, args)
+
+    ctx = ActionContext(
+        run_id=str(run.pk),
+        step_id=step["step_id"],
+        attempt=attempt,
+        workspace_id=run.workspace_id,
+        trace_id=run.trace_id,
+        idempotency_key=key,
+        timeout_seconds=timeout,
+        egress_allowlist=tuple(workspace.egress_allowlist or ()),
+        resolve_credential=resolve_credential,
+        publish_event=publish_event,
+        call_capability=call_capability,
+        cancel_requested=lambda: Run.objects.filter(pk=run.pk, cancel_requested=True).exists(),
+        secrets=secrets,
+        resolve_llm=llm.require_llm,
+        **extra,
+    )
+    return ctx
+
+
+def cost_meter(run: Run) -> CostMeter:
+    """A meter for one step call: what the run spent so far against its budget cap."""
+    cap = (run.snapshot.get("execution") or {}).get("budget_cap_usd")
+    return CostMeter(spent_before=Decimal(run.cost_usd), budget=None if cap is None else Decimal(str(cap)))

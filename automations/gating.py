@@ -1,0 +1,107 @@
+"""The gate in front of a prepared step (SPEC §7.3): risk × autonomy → one outcome.
+
+:func:`gate` answers with a :class:`GateResult` whose ``outcome`` is one of
+
+* ``PROCEED`` — run the step now (allowed, or approved by a human or a standing approval);
+* ``PREVIEW`` — autonomy A0: record a dry run instead of calling the handler;
+* ``PARK``    — an approval is pending: the run waits for a decision;
+* ``REFUSE``  — blocked at this autonomy, denied, expired or invalid: ``envelope``
+  is the step's failure, and its message says which rule raised the risk.
+
+A step whose action always asks a human (``require_approval``) is confirmed
+whatever the autonomy allows, except at A0 where everything is a preview.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from approvals import gate as approval_gates
+from approvals import policy
+from capabilities.base import Envelope, ErrorCode
+
+from . import events
+from .models import Automation, Run, StepRun
+from .steps import PreparedStep
+
+
+class GateOutcome(enum.Enum):
+    PROCEED = "proceed"
+    PREVIEW = "preview"
+    PARK = "park"
+    REFUSE = "refuse"
+
+
+@dataclass(frozen=True)
+class GateResult:
+    outcome: GateOutcome
+    envelope: Envelope | None = None  # REFUSE: the step's failure
+    blocked: bool = False  # REFUSE by the gate matrix itself (audited as gate.blocked)
+
+
+PROCEED = GateResult(GateOutcome.PROCEED)
+
+
+def _refuse(code: str, message: str, *, blocked: bool = False) -> GateResult:
+    return GateResult(GateOutcome.REFUSE, Envelope.failure(code, message, retryable=False), blocked=blocked)
+
+
+def explain(prepared: PreparedStep) -> str:
+    return f" ({'; '.join(prepared.reasons)})" if prepared.reasons else ""
+
+
+def decision_for(prepared: PreparedStep, autonomy: str) -> policy.Decision:
+    if autonomy == "A0":
+        return policy.Decision.PREVIEW
+    if prepared.action.always_asks_human:
+        return policy.Decision.CONFIRM
+    return policy.gate(autonomy, prepared.risk)
+
+
+def gate(run: Run, step_run: StepRun, prepared: PreparedStep, autonomy: str) -> GateResult:
+    decision = decision_for(prepared, autonomy)
+    if decision == policy.Decision.ALLOW:
+        return PROCEED
+    if decision == policy.Decision.PREVIEW:
+        return GateResult(GateOutcome.PREVIEW)
+    if decision == policy.Decision.BLOCK:
+        message = (
+            f"a {prepared.risk.label}-risk step is not allowed at autonomy {autonomy}{explain(prepared)}"
+        )
+        return _refuse(ErrorCode.POLICY_VIOLATION, message, blocked=True)
+    verdict = approval_verdict(run, step_run, prepared, autonomy)
+    if verdict.status == "approved":
+        return PROCEED
+    if verdict.status == "pending":
+        return GateResult(GateOutcome.PARK)
+    code = {"denied": ErrorCode.APPROVAL_DENIED, "expired": ErrorCode.APPROVAL_EXPIRED}.get(
+        verdict.status, ErrorCode.POLICY_VIOLATION
+    )
+    return _refuse(code, verdict.message)
+
+
+def approval_verdict(
+    run: Run, step_run: StepRun, prepared: PreparedStep, autonomy: str, step_key: str | None = None
+) -> approval_gates.Verdict:
+    """The approval gate for a step (or an agent tool call) that needs a human: standing approval, or an Approval."""
+    automation = Automation.objects.filter(pk=run.automation_id).values("version", "updated_by_id").first()
+    if automation is None or automation["version"] != run.automation_version:
+        return approval_gates.Verdict(
+            "invalid", "the automation was edited after this run started; re-run it"
+        )
+    request = prepared.gate_request(
+        run, step_run, autonomy=autonomy, last_editor_id=automation["updated_by_id"], step_key=step_key
+    )
+    verdict = approval_gates.check_step(request)
+    if verdict.created:
+        events.publish(
+            workspace_id=run.workspace_id, event_type="approval.requested", source="approvals",
+            payload={
+                "approval_id": verdict.approval_id, "run_id": str(run.pk), "automation_id": str(run.automation_id),
+                "automation_name": request.automation_name, "step_id": prepared.step_id, "risk": request.risk,
+                "why": verdict.why, "expires_at": verdict.expires_at.isoformat() if verdict.expires_at else None,
+            },
+            trace_id=run.trace_id, chain_depth=run.chain_depth + 1, parent_run_id=str(run.pk),
+        )  # fmt: skip
+    return verdict

@@ -1,0 +1,297 @@
+"""What a run's steps and end are recorded as (SPEC §7.2), fenced on the worker's claim.
+
+:class:`RunRecorder` holds the run this worker claimed and writes its outcomes:
+a step succeeded, is waiting on a timer, failed (and is retried or fails the
+run), was skipped, or was interrupted by a cancel; the run finished. Every run
+write is conditional on ``claimed_by`` and the status this worker last saw, so
+a worker that lost its claim raises :class:`~automations.claim.LostClaim` and
+writes nothing. Each outcome is committed together with its audit rows.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from audit import writer
+from audit.models import Outcome
+from audit.redaction import redact
+from capabilities.base import CostMeter, Envelope, ErrorCode, StepFailure
+
+from . import definition as defs
+from . import events
+from .claim import LostClaim
+from .concurrency import run_settled
+from .enqueue import run_wake_at
+from .models import FINAL_RUN_STATUSES, Run, RunStatus, StepRun, StepStatus
+from .steps import ON_FAILURE, PLAN
+from .transitions import check_transition
+
+DEFAULT_RUN_TIMEOUT = 3600.0
+MAX_BACKOFF_SECONDS = 300.0
+
+
+@dataclass
+class Parked:
+    """The run left the worker: waiting for a retry, a timer or an approval, or final."""
+
+    status: str
+    wake_at: datetime | None = None
+
+
+class RunRecorder:
+    def __init__(self, run: Run, me: str):
+        self.run = run
+        self.me = me
+        self.step_runs = {(s.phase, s.index): s for s in StepRun.objects.filter(run=run)}
+        self.execution = run.snapshot.get("execution") or {}
+        self.autonomy = self.execution.get("autonomy", defs.DEFAULT_AUTONOMY)
+        timeout = float(self.execution.get("timeout_seconds", DEFAULT_RUN_TIMEOUT))
+        self.deadline = run.started_at + timedelta(seconds=timeout)
+
+    # --- fenced writes ---------------------------------------------------------
+
+    def _update_run(self, **fields: Any) -> None:
+        """Write run fields only while this worker still holds the claim."""
+        if "status" in fields:
+            check_transition(self.run.status, fields["status"])
+        updated = Run.objects.filter(pk=self.run.pk, claimed_by=self.me, status=self.run.status).update(
+            **fields
+        )
+        if not updated:
+            raise LostClaim(str(self.run.pk))
+        for name, value in fields.items():
+            if not hasattr(value, "resolve_expression"):
+                setattr(self.run, name, value)
+
+    def _audit(self, type: str, summary: str, outcome: str = Outcome.INFO, **extra: Any) -> None:
+        writer.append(
+            trace_id=self.run.trace_id, type=type, summary=summary, outcome=outcome,
+            workspace_id=self.run.workspace_id, stage="execute",
+            refs={"run": str(self.run.pk), "automation": str(self.run.automation_id), **extra.pop("refs", {})},
+            actor=f"worker:{self.me}", payload=extra.pop("payload", {}),
+        )  # fmt: skip
+
+    def _save_step(self, step_run: StepRun, **fields: Any) -> None:
+        for name, value in fields.items():
+            setattr(step_run, name, value)
+        if step_run.pk is None:
+            step_run.save(force_insert=True)
+        else:
+            StepRun.objects.filter(pk=step_run.pk).update(**fields)
+
+    # --- outcomes ------------------------------------------------------------
+
+    def _store_outcome(self, step_run, step, attempt, config, envelope: Envelope, *, started=False,
+                       started_at=None, bind_output=True, status=StepStatus.SUCCEEDED) -> None:  # fmt: skip
+        step_id = step["step_id"]
+        now = timezone.now()
+        with transaction.atomic(savepoint=False):
+            self._save_step(
+                step_run, status=status, attempt=attempt, rendered_config=config, output=envelope.as_dict(),
+                error_code="", error_message="", cost_usd=step_run.cost_usd + envelope.cost_usd, checkpoint=None,
+                started_at=started_at or now,
+                finished_at=None if status == StepStatus.WAITING else now,
+            )  # fmt: skip
+            fields: dict[str, Any] = {"step_index": self.run.step_index + 1}
+            if bind_output and step.get("output_as"):
+                fields["context"] = {**self.run.context, step["output_as"]: envelope.data}
+            if envelope.cost_usd:
+                fields["cost_usd"] = Decimal(self.run.cost_usd) + envelope.cost_usd
+            self._update_run(**fields)
+            if not started:
+                self._audit("step.started", f"{step_id} started (attempt {attempt})", refs={"step": step_id},
+                            payload={"action": step["action"]})  # fmt: skip
+            verb = "is waiting" if status == StepStatus.WAITING else "succeeded"
+            self._audit(f"step.{status}", f"{step_id} {verb}" + (f": {envelope.summary}" if envelope.summary else ""),
+                        Outcome.SUCCESS, refs={"step": step_id}, payload={"cost_usd": str(envelope.cost_usd)})  # fmt: skip
+
+    def _skip(self, step_run: StepRun, step: dict) -> None:
+        with transaction.atomic(savepoint=False):
+            now = timezone.now()
+            self._save_step(step_run, status=StepStatus.SKIPPED, started_at=now, finished_at=now)
+            self._update_run(step_index=self.run.step_index + 1)
+            self._audit(
+                "step.skipped", f"{step['step_id']} skipped: 'when' was false", refs={"step": step["step_id"]}
+            )
+
+    def _park_mid_step(self, step_run, step, attempt, config, state, meter: CostMeter, started: bool,
+                       started_at) -> Parked:  # fmt: skip
+        """A handler is waiting for a human (an agent's tool call): keep its state and what it spent."""
+        with transaction.atomic(savepoint=False):
+            self._save_step(step_run, status=StepStatus.AWAITING_APPROVAL, attempt=attempt, rendered_config=config,
+                            checkpoint=state, cost_usd=step_run.cost_usd + meter.total, started_at=started_at)  # fmt: skip
+            fields: dict[str, Any] = {
+                "status": RunStatus.AWAITING_APPROVAL,
+                "claimed_by": "",
+                "lease_expires_at": None,
+            }
+            if meter.total:
+                fields["cost_usd"] = Decimal(self.run.cost_usd) + meter.total
+            self._update_run(**fields)
+            if not started:
+                self._audit("step.started", f"{step['step_id']} started (attempt {attempt})",
+                            refs={"step": step["step_id"]}, payload={"action": step["action"]})  # fmt: skip
+        return Parked(RunStatus.AWAITING_APPROVAL)
+
+    def _park_until(self, step_run, step, attempt, config, envelope: Envelope, started: bool) -> Parked:
+        wake_at = envelope.resume_at
+        self._store_outcome(
+            step_run, step, attempt, config, envelope, started=started, status=StepStatus.WAITING
+        )
+        with transaction.atomic(savepoint=False):
+            self._update_run(status=RunStatus.WAITING, wake_at=wake_at, claimed_by="", lease_expires_at=None)
+            self._audit("run.waiting", f"waiting until {wake_at.isoformat()}", refs={"step": step["step_id"]})
+        run_wake_at(self.run, wake_at)
+        return Parked(RunStatus.WAITING, wake_at)
+
+    def _interrupted(self, step_run, step, attempt, config, envelope: Envelope) -> Parked:
+        """An operator cancelled the run while this step's handler ran: say what was interrupted."""
+        step_id = step["step_id"]
+        what = (envelope.error or {}).get("message") or envelope.summary or "the step was interrupted"
+        with transaction.atomic(savepoint=False):
+            self._save_step(step_run, status=StepStatus.CANCELLED, attempt=attempt, rendered_config=config,
+                            output=envelope.as_dict(), error_code=ErrorCode.CANCELLED, error_message=what[:500],
+                            finished_at=timezone.now())  # fmt: skip
+            self._audit("step.cancelled", f"{step_id} interrupted by a cancel: {what}", Outcome.FAILURE,
+                        refs={"step": step_id}, payload={"action": step["action"], "interrupted": what})  # fmt: skip
+        self._finish(RunStatus.CANCELLED, error={"code": ErrorCode.CANCELLED, "message": "cancelled by an operator",
+                                                 "step_id": step_id, "interrupted": what})  # fmt: skip
+        return Parked(RunStatus.CANCELLED)
+
+    def _step_failed(self, step_run, step, attempt, envelope: Envelope, config=None, started=False,
+                     started_at=None) -> Parked | None:  # fmt: skip
+        step_id = step["step_id"]
+        error = envelope.error or {"code": ErrorCode.INTERNAL, "message": "failed", "retryable": False}
+        max_retries = int(step.get("max_retries", self.execution.get("max_retries", 0)))
+        now = timezone.now()
+        retry = bool(error.get("retryable")) and attempt <= max_retries
+        with transaction.atomic(savepoint=False):
+            self._save_step(
+                step_run, status=StepStatus.PENDING if retry else StepStatus.FAILED, attempt=attempt,
+                rendered_config=config, output=envelope.as_dict(), error_code=error["code"],
+                error_message=error["message"][:500], started_at=started_at or now, finished_at=now,
+                cost_usd=step_run.cost_usd + envelope.cost_usd, checkpoint=None,
+            )  # fmt: skip
+            if envelope.cost_usd:
+                self._update_run(cost_usd=Decimal(self.run.cost_usd) + envelope.cost_usd)
+            if not started:
+                self._audit("step.started", f"{step_id} started (attempt {attempt})", refs={"step": step_id},
+                            payload={"action": step["action"]})  # fmt: skip
+            if retry:
+                kind = step.get("retry_backoff", self.execution.get("retry_backoff", "exponential"))
+                delay = backoff_seconds(kind, attempt)
+                wake_at = now + timedelta(seconds=delay)
+                self._update_run(
+                    status=RunStatus.WAITING, wake_at=wake_at, claimed_by="", lease_expires_at=None
+                )
+                self._audit("step.retrying", f"{step_id} failed ({error['code']}); retry {attempt} in {delay:.1f}s",
+                            Outcome.FAILURE, refs={"step": step_id},
+                            payload={"error": error, "attempt": attempt, "delay_seconds": delay})  # fmt: skip
+        if retry:
+            run_wake_at(self.run, wake_at)
+            return Parked(RunStatus.WAITING, wake_at)
+        with transaction.atomic(savepoint=False):
+            self._audit("step.failed", f"{step_id} failed: {error['code']}", Outcome.FAILURE, refs={"step": step_id},
+                        payload={"error": error, "attempt": attempt})  # fmt: skip
+        self._fail({"code": error["code"], "message": error["message"], "step_id": step_id})
+        return Parked(self.run.status) if self.run.status in FINAL_RUN_STATUSES else None
+
+    # --- finishing -----------------------------------------------------------
+
+    def _fail(self, error: dict[str, Any], status: str = RunStatus.FAILED) -> None:
+        """Record the failure; switch to ``on_failure`` steps if there are any still to run."""
+        if self.run.phase == PLAN and self.execution.get("on_failure"):
+            with transaction.atomic(savepoint=False):
+                self._update_run(phase=ON_FAILURE, step_index=0, error={**error, "final_status": status})
+                self._audit("run.on_failure", f"running on_failure steps after {error['code']}", Outcome.FAILURE,
+                            payload={"error": error})  # fmt: skip
+            return
+        final = (self.run.error or {}).get("final_status", status) if self.run.phase == ON_FAILURE else status
+        first_error = self.run.error if self.run.phase == ON_FAILURE and self.run.error else error
+        self._finish(final, error={k: v for k, v in first_error.items() if k != "final_status"})
+
+    def _finish_phase(self) -> None:
+        if self.run.phase == PLAN:
+            self._finish(RunStatus.SUCCEEDED, output=self._output())
+        else:
+            self._fail(self.run.error or {"code": ErrorCode.INTERNAL, "message": "failed"})
+
+    def _output(self) -> Any:
+        done = [
+            s
+            for (phase, _), s in sorted(self.step_runs.items())
+            if phase == PLAN and s.status == StepStatus.SUCCEEDED
+        ]
+        return done[-1].output.get("data") if done and done[-1].output else None
+
+    def _skip_unreached(self, status: str) -> None:
+        """Plan steps a failed, timed-out or cancelled run never reached are ``skipped``."""
+        plan = self.run.snapshot["plan"]
+        reached = {index for (phase, index) in self.step_runs if phase == PLAN}
+        now = timezone.now()
+        StepRun.objects.bulk_create([
+            StepRun(run=self.run, phase=PLAN, index=i, step_id=s["step_id"], action=s["action"],
+                    status=StepStatus.SKIPPED, error_message=f"not run: the run {status} before this step",
+                    started_at=now, finished_at=now)
+            for i, s in enumerate(plan) if i not in reached
+        ])  # fmt: skip
+
+    def _finish(self, status: str, *, output: Any = None, error: dict | None = None) -> None:
+        with transaction.atomic(savepoint=False):
+            self._update_run(status=status, output=output, error=error, finished_at=timezone.now(),
+                             claimed_by="", lease_expires_at=None)  # fmt: skip
+            if status != RunStatus.SUCCEEDED:
+                self._skip_unreached(status)
+            outcome = Outcome.SUCCESS if status == RunStatus.SUCCEEDED else Outcome.FAILURE
+            detail = f": {error['code']}" if error else ""
+            self._audit(f"run.{status}", f"run {status}{detail}", outcome,
+                        payload={"error": error, "cost_usd": str(self.run.cost_usd)})  # fmt: skip
+            if status in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.TIMED_OUT):
+                kind = "succeeded" if status == RunStatus.SUCCEEDED else "failed"
+                events.publish(
+                    workspace_id=self.run.workspace_id, event_type=f"automation.run.{kind}",
+                    source=f"automation:{self.run.automation_id}", trace_id=self.run.trace_id,
+                    chain_depth=self.run.chain_depth + 1, parent_run_id=str(self.run.pk),
+                    principal_ids=self.run.principal_ids,
+                    payload={"automation_id": str(self.run.automation_id),
+                             "automation_name": self.run.snapshot.get("name"), "run_id": str(self.run.pk),
+                             "status": status, "output": output, "error": error},
+                )  # fmt: skip
+        run_settled(self.run)
+
+
+def backoff_seconds(kind: str, attempt: int) -> float:
+    base = float(settings.AUTOPLANE_RETRY_BASE_SECONDS)
+    delay = 0.0 if kind == "none" else base * attempt if kind == "linear" else base * (2 ** (attempt - 1))
+    return min(delay, MAX_BACKOFF_SECONDS) * random.uniform(0.8, 1.2)  # jitter spreads retries  # noqa: S311
+
+
+def redacted(envelope: Envelope, secrets: list[str]) -> Envelope:
+    if not secrets:
+        return envelope
+    envelope.data = redact(envelope.data, secrets)
+    envelope.summary = redact(envelope.summary, secrets)
+    if envelope.error:
+        envelope.error = redact(envelope.error, secrets)
+    return envelope
+
+
+def charged(envelope: Envelope, meter: CostMeter) -> Envelope:
+    """Charge a cost the handler reported (the budget is re-checked); the step's cost is the meter's."""
+    if envelope.cost_usd:
+        try:
+            meter.charge(envelope.cost_usd, "reported by the handler")
+        except StepFailure as exc:
+            envelope = Envelope.failure(exc.code, exc.message, retryable=False)
+    envelope.cost_usd = meter.total
+    if meter.usage and not envelope.usage:
+        envelope.usage = dict(meter.usage)
+    return envelope

@@ -1,0 +1,191 @@
+"""Preparing one step to run (SPEC §7.2): render, validate, describe, assess risk.
+
+:func:`prepare` turns a step of the snapshot into a :class:`PreparedStep` (or
+says it is skipped, or why it cannot run), asking the action's definition for
+everything action-specific: its capability (or the capability it calls), its
+risk inputs, who it notifies, what an approver is told. The approval
+:class:`~approvals.gate.GateRequest` for a step is built here too. Nothing in
+this module writes to the database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from jsonschema import Draft202012Validator
+
+from approvals import policy
+from approvals.gate import GateRequest
+from audit import writer
+from capabilities import registry
+from capabilities.base import ActionDefinition, Capability, Envelope, ErrorCode, Risk, RiskInputs
+
+from . import definition as defs
+from .expressions import template
+from .models import Run, StepRun
+
+PLAN, ON_FAILURE = "plan", "on_failure"
+DEFAULT_APPROVAL_TIMEOUT_SECONDS = 24 * 3600
+
+
+@dataclass
+class PreparedStep:
+    step: dict[str, Any]
+    action: ActionDefinition
+    config: dict[str, Any]  # rendered and valid
+    capability: Capability  # what the step exercises (for call_capability: the target)
+    risk: Risk
+    reasons: list[str]  # which rule raised the risk, and from what to what
+
+    @property
+    def step_id(self) -> str:
+        return self.step["step_id"]
+
+    def gate_request(
+        self,
+        run: Run,
+        step_run: StepRun,
+        *,
+        autonomy: str,
+        last_editor_id: int | None,
+        step_key: str | None = None,
+    ) -> GateRequest:
+        """What an approver decides on: this exact rendered step (or agent tool call) of this run."""
+        step_key = step_key or f"{step_run.phase}:{step_run.index}:{self.step_id}"
+        execution = run.snapshot.get("execution") or {}
+        return GateRequest(
+            workspace_id=run.workspace_id,
+            run_id=str(run.pk),
+            automation_id=str(run.automation_id),
+            automation_name=run.snapshot.get("name", ""),
+            step_key=step_key,
+            step_id=self.step_id,
+            action=self.action.name,
+            capability_id=self.capability.id,
+            risk=self.risk.label,
+            reasons=self.reasons,
+            what=self.config,
+            message=self.action.approver_message(self.config),
+            plan_hash=plan_hash(run.snapshot, step_key, self.config),
+            requested_by=run.triggered_by,
+            last_editor_id=last_editor_id,
+            principal_ids=tuple(run.principal_ids or ()),
+            always_asks_human=self.action.always_asks_human,
+            extra={"autonomy": autonomy},
+            approvals_required=int(
+                self.step.get("approvals_required", self.config.get("approvals_required", 1)) or 1
+            ),
+            expires_in_seconds=int(
+                execution.get("approval_timeout_seconds", DEFAULT_APPROVAL_TIMEOUT_SECONDS)
+            ),
+            trace_id=run.trace_id,
+        )
+
+
+class Skip:
+    """The step's ``when`` was false."""
+
+
+SKIP = Skip()
+
+
+def steps_of(run: Run, phase: str) -> list[dict[str, Any]]:
+    if phase == PLAN:
+        return run.snapshot["plan"]
+    return (run.snapshot.get("execution") or {}).get("on_failure") or []
+
+
+def step_context(run: Run, attempt: int) -> dict[str, Any]:
+    """What a step's templates see: inputs, trigger, earlier outputs, the run."""
+    run_info: dict[str, Any] = {
+        "id": str(run.pk),
+        "started_at": run.started_at.isoformat() if run.started_at else None,
+        "automation_id": str(run.automation_id),
+        "automation_name": run.snapshot.get("name"),
+        "automation_version": run.automation_version,
+        "trigger_type": run.trigger_type,
+        "trigger_key": run.trigger_key,
+        "attempt": attempt,
+    }
+    if run.phase == ON_FAILURE and run.error:
+        run_info["error"] = {k: run.error.get(k) for k in ("code", "message")}
+        run_info["failed_step_id"] = run.error.get("step_id")
+    context = {**run.context, "inputs": run.inputs, "trigger": run.trigger_payload, "run": run_info}
+    context["event"] = run.trigger_payload if run.trigger_type == "event" else {}
+    return context
+
+
+def _failure(code: str, message: str) -> Envelope:
+    return Envelope.failure(code, message, retryable=False)
+
+
+def prepare(run: Run, step: dict[str, Any], attempt: int) -> PreparedStep | Skip | Envelope:
+    """Render and check ``step``; an :class:`Envelope` (a failure) says why it cannot run."""
+    context = step_context(run, attempt)
+    try:
+        if "when" in step and not template.evaluate_predicate(step["when"], context):
+            return SKIP
+        config = template.render_value(step.get("config") or {}, context)
+    except template.TemplateError as exc:
+        return _failure(exc.code, exc.message)
+    action = registry.get_action(step["action"])
+    if action is None:
+        return _failure(ErrorCode.CAPABILITY_NOT_FOUND, f"unknown action '{step['action']}'")
+    problem = first_error(action.name, action.config_schema, config)
+    if problem is not None:
+        return _failure(ErrorCode.INVALID_ARGUMENT, f"config invalid after rendering at /{problem}")
+    capability = defs.describe_step({**step, "config": config}, run.workspace_id)
+    if action.target is not None:
+        if capability is None or capability.handler is None:
+            return _failure(
+                ErrorCode.CAPABILITY_NOT_FOUND, f"unknown capability '{config.get('capability')}'"
+            )
+        args = action.target_args(config) if action.target_args else config
+        problem = first_error(f"capability:{capability.id}", capability.input_schema, args, cache=False)
+        if problem is not None:
+            return _failure(
+                ErrorCode.INVALID_ARGUMENT, f"args do not match {capability.id}'s input schema at /{problem}"
+            )
+    if capability is None:
+        return _failure(ErrorCode.CAPABILITY_NOT_FOUND, f"unknown capability '{step['action']}'")
+    risk, reasons = risk_for(step["step_id"], action, config, capability)
+    return PreparedStep(
+        step=step, action=action, config=config, capability=capability, risk=risk, reasons=reasons
+    )
+
+
+def risk_for(
+    step_id: str, action: ActionDefinition | None, config: Mapping[str, Any], capability: Capability
+) -> tuple[Risk, list[str]]:
+    """A step's (or an agent tool call's) risk: the capability's, raised by what the action reads in the config."""
+    inputs = action.risk_inputs(config) if action is not None else RiskInputs()
+    recipients = len(action.notifies(config)) if action is not None else 0
+    return policy.step_risk(capability, inputs, recipients=recipients, step_id=step_id)
+
+
+_validators: dict[str, Draft202012Validator] = {}
+
+
+def first_error(name: str, schema: Any, instance: Any, *, cache: bool = True) -> str | None:
+    """The JSON pointer (without its leading slash) of the first schema error, if any."""
+    validator = _validators.get(name) if cache else None
+    if validator is None:
+        validator = Draft202012Validator(schema)
+        if cache:
+            _validators[name] = validator
+    errors = sorted(validator.iter_errors(instance), key=str)
+    return "/".join(map(str, errors[0].absolute_path)) if errors else None
+
+
+def plan_hash(snapshot: dict[str, Any], step_key: str, config: Any) -> str:
+    """sha256 of the canonical snapshot + step + rendered config: what an approval is bound to."""
+    material = writer.canonical_json({"snapshot": snapshot, "step": step_key, "config": config})
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+def idempotency_key(run_id: str, step_id: str, attempt: int, config: Any) -> str:
+    material = f"{run_id}\x00{step_id}\x00{attempt}\x00{writer.canonical_json(config)}"
+    return hashlib.sha256(material.encode()).hexdigest()
