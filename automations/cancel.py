@@ -35,7 +35,8 @@ class CancelWatch:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        # A watch stuck in a query must not hold up the step: it stops on its own and closes its connection.
+        self._thread.join(timeout=0.2)
 
     def _watch(self) -> None:
         try:
