@@ -21,6 +21,7 @@ from mcp import Client, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from automations.models import Run
 from tests import live
 
 from .test_tools import EXPECTED_TOOLS
@@ -77,10 +78,7 @@ async def look_fire_follow(client: Client, greet, gated) -> None:
 
 
 def test_stdio_look_fire_and_follow(celery_workers, operator, greet, gated, token_of):
-    params = StdioServerParameters(
-        command=sys.executable, args=["manage.py", "mcp_serve"], cwd=str(live.REPO),
-        env=live.live_worker_env(AUTOPLANE_API_TOKEN=token_of(operator)),
-    )  # fmt: skip
+    params = stdio_params(token_of(operator))
 
     async def main() -> None:
         # mode="legacy": the initialize handshake desktop clients use.
@@ -90,6 +88,51 @@ def test_stdio_look_fire_and_follow(celery_workers, operator, greet, gated, toke
             await look_fire_follow(client, greet, gated)
 
     anyio.run(main)
+
+
+def stdio_params(token: str) -> StdioServerParameters:
+    return StdioServerParameters(
+        command=sys.executable, args=["manage.py", "mcp_serve"], cwd=str(live.REPO),
+        env=live.live_worker_env(AUTOPLANE_API_TOKEN=token),
+    )  # fmt: skip
+
+
+def test_stdio_a_viewer_reads_but_cannot_run(transactional_db, viewer, greet, token_of):
+    params = stdio_params(token_of(viewer))
+
+    async def main() -> None:
+        async with Client(
+            stdio_client(params), mode="legacy", cache=None, read_timeout_seconds=DEADLINE
+        ) as client:
+            listed = structured(await client.call_tool("list_automations", {}))
+            assert [a["name"] for a in listed["automations"]] == ["greet"]
+            refused = await client.call_tool(
+                "run_automation", {"automation_id": str(greet.pk), "inputs": {"who": "v"}}
+            )
+            assert structured(refused)["error"]["code"] == "PERMISSION_DENIED"
+
+    anyio.run(main)
+    assert not Run.objects.exists()
+
+
+def test_stdio_server_with_a_bad_token_exits_before_any_tool_list(transactional_db, tmp_path):
+    errlog = (tmp_path / "stderr.txt").open("w+")
+    seen: list[str] = []
+
+    async def main() -> None:
+        with anyio.fail_after(DEADLINE):
+            async with Client(stdio_client(stdio_params("not-a-token"), errlog=errlog), mode="legacy",
+                              cache=None) as client:  # fmt: skip
+                seen.extend(tool.name for tool in (await client.list_tools()).tools)
+
+    with pytest.raises(BaseExceptionGroup) as caught:
+        anyio.run(main)
+    assert caught.group_contains(
+        MCPError, match="Connection closed", depth=None
+    )  # the process exited, no deadline
+    assert seen == []
+    errlog.seek(0)
+    assert "AUTOPLANE_API_TOKEN is missing or is not a valid API token" in errlog.read()
 
 
 @pytest.mark.parametrize("token", ["", "not-a-token"])
