@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpResponse
 from rest_framework import exceptions, status
@@ -90,6 +90,8 @@ def service_error_response(exc: ServiceError) -> HttpResponse:
 def exception_handler(exc, context):
     if isinstance(exc, ServiceError):
         return service_error_response(exc)
+    if isinstance(exc, RequestDataTooBig):  # read past DATA_UPLOAD_MAX_MEMORY_SIZE (no Content-Length)
+        return Response(error_body("PAYLOAD_TOO_LARGE", "the body is too large"), status=413)
     if isinstance(exc, OperationalError | InterfaceError):
         logger.warning("API request refused: the database is unavailable (%s)", type(exc).__name__)
         return Response(

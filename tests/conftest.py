@@ -53,15 +53,17 @@ def _patch_sqlite_flush() -> None:
     if getattr(DatabaseOperations.sql_flush, "keeps_audit_guard", False):
         return
     guard = importlib.import_module("audit.migrations.0005_sequencer")
+    checkpoints = importlib.import_module("audit.migrations.0006_checkpoint_delete_guard")
     original = DatabaseOperations.sql_flush
 
     def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
         statements = original(
             self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade
         )
-        if not statements or "audit_auditevent" not in tables:
+        if not statements or not {"audit_auditevent", "audit_auditcheckpoint"} & set(tables):
             return statements
-        return [*guard.SQLITE_REMOVE, *statements, *guard.SQLITE_INSTALL]
+        return [*guard.SQLITE_REMOVE, *checkpoints.SQLITE_REMOVE, *statements, *guard.SQLITE_INSTALL,
+                *checkpoints.SQLITE_INSTALL]  # fmt: skip
 
     sql_flush.keeps_audit_guard = True
     DatabaseOperations.sql_flush = sql_flush

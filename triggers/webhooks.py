@@ -13,14 +13,16 @@ Checks, in order, each answered with a stable code and audited as
    one-minute window counted in the database with one atomic upsert, so it holds
    across gunicorn workers and machines; over it → 429 with ``Retry-After`` (the
    seconds until the window ends).
-3. ``Content-Type: application/json`` (charset utf-8 if given) → else 415.
+3. ``Content-Type: application/json`` (charset utf-8 if given), no ``Content-Encoding``
+   (gzip and the like are not supported) → else 415.
 4. Body ≤ 256 KB, by ``Content-Length`` and by what is actually read → else 413.
 5. Standard Webhooks signature when the trigger's ``require_signature`` is true:
    ``webhook-signature: v1,<base64 HMAC-SHA256(secret, "<id>.<timestamp>.<body>")>``
    (space-separated list; any match passes), timestamp within 5 minutes → else 401
    ``INVALID_SIGNATURE``.
-6. The body must be a JSON object: UTF-8, no NaN/Infinity, finite numbers, integers
-   within 64 bits, nesting ≤ 64, no NUL or lone surrogates in strings or keys → else 400.
+6. The body must be a JSON object, strict (:mod:`config.strict_json`): UTF-8, no
+   NaN/Infinity, finite numbers, integers within 64 bits, nesting ≤ 64, no duplicate keys,
+   no NUL or lone surrogates in strings or keys → else 400.
 7. The dedupe key: a verified ``webhook-id`` whenever the signature was checked (whatever
    ``Idempotency-Key`` says: the header is not signed, so a replay may add, drop or
    change it); else the ``Idempotency-Key`` header, else an ``idempotency_key`` string in
@@ -42,7 +44,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
-import json
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -65,18 +66,17 @@ from automations.dispatcher import (
     request_hash,
 )
 from automations.models import Automation, AutomationStatus
+from config import strict_json
 from config.errors import ServiceError
+from config.strict_json import BodyInvalid
 
 from . import services
 from .input_mapping import MappingError, map_inputs
 from .models import Trigger, TriggerType, WebhookRateWindow
 
 MAX_BODY_BYTES = 256 * 1024
-MAX_DEPTH = 64
 MAX_TOKEN_CHARS = 200
 MAX_IDEMPOTENCY_KEY_CHARS = 255
-MAX_INT = 2**63 - 1
-MIN_INT = -(2**63)
 DEFAULT_RATE_LIMIT_PER_MINUTE = 600
 SIGNATURE_TOLERANCE_SECONDS = 300
 MAX_SIGNATURE_HEADER_CHARS = 4096
@@ -96,10 +96,6 @@ class WebhookRejected(ServiceError):
         self.reason = reason or message
 
 
-class BodyInvalid(ValueError):
-    pass
-
-
 @dataclass
 class FireRequest:
     """What the view hands over from the HTTP request; nothing else is trusted."""
@@ -115,11 +111,16 @@ class FireRequest:
 
 
 def _bearer(authorization: str | None) -> str | None:
+    """The token of exactly ``Bearer <token>`` (RFC 6750: one space, no other whitespace)."""
     if not authorization:
         return None
-    scheme, _, token = authorization.strip().partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token or len(token) > MAX_TOKEN_CHARS or " " in token:
+    scheme, _, token = authorization.partition(" ")
+    if (
+        scheme.lower() != "bearer"
+        or not token
+        or len(token) > MAX_TOKEN_CHARS
+        or token != "".join(token.split())
+    ):
         return None
     return token
 
@@ -203,66 +204,11 @@ def _is_json(content_type: str | None) -> bool:
     return True
 
 
-def _reject_constant(name: str) -> Any:
-    raise BodyInvalid(f"{name} is not a JSON number")
-
-
-def _parse_int(text: str) -> int:
-    if len(text) > 20:
-        raise BodyInvalid("integers must fit in 64 bits")
-    value = int(text)
-    if not MIN_INT <= value <= MAX_INT:
-        raise BodyInvalid("integers must fit in 64 bits")
-    return value
-
-
-def _parse_float(text: str) -> float:
-    value = float(text)
-    if value in (float("inf"), float("-inf")):
-        raise BodyInvalid("numbers must be finite")
-    return value
-
-
-def _check_text(text: str) -> None:
-    if "\x00" in text:
-        raise BodyInvalid("strings must not contain U+0000")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise BodyInvalid("strings must not contain lone surrogates") from None
-
-
 def parse_body(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object, or BodyInvalid with a message safe to show the caller."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise BodyInvalid("the body is not UTF-8") from None
-    try:
-        value = json.loads(
-            text, parse_constant=_reject_constant, parse_int=_parse_int, parse_float=_parse_float
-        )
-    except BodyInvalid:
-        raise
-    except RecursionError:
-        raise BodyInvalid(f"the body is nested more than {MAX_DEPTH} levels deep") from None
-    except ValueError:  # JSONDecodeError, and int() past sys.int_max_str_digits
-        raise BodyInvalid("the body is not valid JSON") from None
+    value = strict_json.loads(raw)
     if not isinstance(value, dict):
         raise BodyInvalid("the body must be a JSON object")
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise BodyInvalid(f"the body is nested more than {MAX_DEPTH} levels deep")
-        if isinstance(node, dict):
-            for key, item in node.items():
-                _check_text(key)
-                stack.append((item, depth + 1))
-        elif isinstance(node, list):
-            stack.extend((item, depth + 1) for item in node)
-        elif isinstance(node, str):
-            _check_text(node)
     return value
 
 
@@ -394,6 +340,9 @@ def _fire(trigger: Trigger, request: FireRequest, now: datetime) -> DispatchResu
     if not _is_json(request.headers.get("Content-Type")):
         raise WebhookRejected(415, "UNSUPPORTED_MEDIA_TYPE", "the body must be application/json",
                               reason="content type not JSON")  # fmt: skip
+    if (request.headers.get("Content-Encoding") or "identity").strip().lower() != "identity":
+        raise WebhookRejected(415, "UNSUPPORTED_MEDIA_TYPE", "no content encoding is supported (send plain JSON)",
+                              reason="content encoded")  # fmt: skip
     raw = _read_body(request)
     webhook_id = (
         _verify_signature(trigger, request, raw, now.timestamp()) if config.get("require_signature") else None

@@ -13,6 +13,7 @@ from audit import sequencer, signing, writer
 from audit.models import AuditChainHead, AuditCheckpoint, AuditEvent
 
 _guard = importlib.import_module("audit.migrations.0005_sequencer")
+_checkpoint_guard = importlib.import_module("audit.migrations.0006_checkpoint_delete_guard")
 
 
 @pytest.fixture(autouse=True)
@@ -49,9 +50,12 @@ def _drop_guard() -> None:
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute("DROP TRIGGER IF EXISTS audit_append_only_row ON audit_auditevent")
+            cursor.execute("DROP TRIGGER IF EXISTS audit_checkpoint_immutable ON audit_auditcheckpoint")
         else:
             cursor.execute("DROP TRIGGER IF EXISTS audit_no_update")
             cursor.execute("DROP TRIGGER IF EXISTS audit_no_delete")
+            for statement in _checkpoint_guard.SQLITE_REMOVE:
+                cursor.execute(statement)
 
 
 def _install_guard() -> None:
@@ -59,8 +63,9 @@ def _install_guard() -> None:
         if connection.vendor == "postgresql":
             cursor.execute(_guard.PG_REMOVE)
             cursor.execute(_guard.PG_INSTALL)
+            cursor.execute(_checkpoint_guard.PG_INSTALL)
         else:
-            for statement in _guard.SQLITE_REMOVE + _guard.SQLITE_INSTALL:
+            for statement in _guard.SQLITE_REMOVE + _guard.SQLITE_INSTALL + _checkpoint_guard.SQLITE_INSTALL:
                 cursor.execute(statement)
 
 

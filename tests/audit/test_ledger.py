@@ -181,6 +181,17 @@ def test_database_refuses_raw_update_of_a_checkpoint():
     assert AuditCheckpoint.objects.get(pk=checkpoint.id).seq == 1
 
 
+@pytest.mark.django_db
+def test_database_refuses_deleting_a_checkpoint_raw_or_through_the_orm():
+    writer.append(trace_id="t", type="x", summary="x")
+    (checkpoint,) = checkpoint_write()
+    with pytest.raises(DatabaseError, match="immutable"), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("DELETE FROM audit_auditcheckpoint WHERE id = %s", [checkpoint.id])
+    with pytest.raises(DatabaseError, match="immutable"), transaction.atomic():
+        AuditCheckpoint.objects.filter(pk=checkpoint.id).delete()
+    assert AuditCheckpoint.objects.filter(pk=checkpoint.id).exists()
+
+
 # --- concurrent appends from separate OS processes ------------------------------------------
 
 _CHILD = r"""

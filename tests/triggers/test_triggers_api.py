@@ -156,8 +156,12 @@ def test_the_admin_rotate_action_shows_the_token_once(db, make_automation, works
     client = APIClient()
     client.force_login(admin_user)
 
-    response = client.post("/admin/triggers/trigger/", {"action": "rotate_token", "_selected_action": [str(hook.pk)]},
-                           follow=True)  # fmt: skip
+    response = client.post(
+        "/admin/triggers/trigger/",
+        {"action": "rotate_token", "_selected_action": [str(hook.pk)]},
+        format="multipart",
+        follow=True,
+    )  # fmt: skip  (an HTML form)
 
     assert response.status_code == 200
     stored = Trigger.objects.get(pk=hook.pk)
