@@ -96,6 +96,20 @@ class AutomationAdmin(admin.ModelAdmin):
     def delete_model(self, request, obj):
         services.automation_delete(automation=obj, user=request.user)
 
+    def get_deleted_objects(self, objs, request):
+        # Versions, triggers and finished runs go with their automation; the service
+        # decides what may be deleted (no active runs) and audits it.
+        deleted, model_count, _perms_needed, protected = super().get_deleted_objects(objs, request)
+        return deleted, model_count, set(), protected
+
+    def delete_queryset(self, request, queryset):
+        """The bulk "Delete selected" action: the same service, audit and checks as one delete."""
+        for automation in queryset:
+            try:
+                services.automation_delete(automation=automation, user=request.user)
+            except services.RunActionRefused as exc:
+                self.message_user(request, f"{automation.name}: {exc.message}", messages.ERROR)
+
     @admin.action(description="Run now")
     def run_now(self, request, queryset):
         for automation in queryset:

@@ -12,12 +12,14 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.db import connection
+from django.test import Client
 from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
 from audit.models import AuditEvent
 from automations import services
-from automations.models import DispatchKey, Run, RunStatus
+from automations.models import Automation, DispatchKey, Run, RunStatus
 from triggers import schedules
 from triggers.models import Trigger
 from triggers.tasks import fire_schedule
@@ -390,3 +392,25 @@ def _wait_for(predicate, timeout: float) -> bool:
             return True
         time.sleep(0.1)
     return predicate()
+
+
+def test_admin_bulk_delete_goes_through_the_service_audits_and_removes_beat_entries(
+    db, make_automation, owner
+):
+    first = make_automation(definition(name="first", triggers=[schedule()]))
+    second = make_automation(definition(name="second", triggers=[schedule()]))
+    tasks = [Trigger.objects.get(automation=a).periodic_task_id for a in (first, second)]
+    admin = get_user_model().objects.create_superuser("bulk-admin", "bulk@example.com", "pw")
+    client = Client()
+    client.force_login(admin)
+
+    response = client.post(
+        "/admin/automations/automation/",
+        {"action": "delete_selected", "_selected_action": [str(first.pk), str(second.pk)], "post": "yes"},
+    )
+
+    assert response.status_code == 302
+    assert not Automation.objects.filter(pk__in=[first.pk, second.pk]).exists()
+    assert not PeriodicTask.objects.filter(pk__in=tasks).exists()
+    deleted = AuditEvent.objects.filter(type="automation.deleted").values_list("refs__automation", flat=True)
+    assert {str(first.pk), str(second.pk)} <= set(deleted)

@@ -1,0 +1,113 @@
+"""Structure: the engine's modules form no import cycle, and only Celery imports automations/tasks.py.
+
+Module-level imports are read from the source (ast), so a cycle hidden by a
+function-local import is caught too: such imports are forbidden outside
+``AppConfig.ready`` and management commands.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+APPS = ["audit", "workspaces", "capabilities", "approvals", "automations", "triggers", "ops"]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _sources(app: str) -> dict[str, Path]:
+    return {
+        _module_name(p): p
+        for p in (ROOT / app).rglob("*.py")
+        if "migrations" not in p.parts and "management" not in p.parts
+    }
+
+
+def _imports(module: str, path: Path) -> tuple[set[str], list[int]]:
+    """Modules imported at module level, and the lines of imports inside functions."""
+    tree = ast.parse(path.read_text())
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    local: list[int] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            found.update(names)
+    for func in ast.walk(tree):
+        if isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef) and func.name != "ready":
+            local += [n.lineno for n in ast.walk(func) if isinstance(n, ast.Import | ast.ImportFrom)]
+    return found, local
+
+
+def _graph(app: str) -> dict[str, set[str]]:
+    modules = _sources(app)
+    return {m: {i for i in _imports(m, p)[0] if i in modules and i != m} for m, p in modules.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt) :] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycle_between_engine_modules():
+    cycle = _cycle(_graph("automations"))
+
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_nothing_imports_the_celery_tasks_module():
+    importers = [
+        m for app in APPS for m, p in _sources(app).items()
+        if "automations.tasks" in _imports(m, p)[0] and m != "automations.tasks"
+    ]  # fmt: skip
+
+    assert importers == []
+
+
+# Not a cycle being hidden: the sandbox runner also works without Django configured.
+OPTIONAL = {"capabilities.sandbox"}
+
+
+@pytest.mark.parametrize("app", ["automations", "approvals", "capabilities", "triggers", "audit"])
+def test_no_function_local_imports(app):
+    local = {m: lines for m, p in _sources(app).items() if (lines := _imports(m, p)[1]) and m not in OPTIONAL}
+
+    assert local == {}
