@@ -139,10 +139,16 @@ LOGIN_URL = "/admin/login/"
 # --- Celery ---------------------------------------------------------------
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=f"sqla+sqlite:///{DATA_DIR / 'broker.sqlite3'}")
 BROKER_IS_EMBEDDED = CELERY_BROKER_URL.startswith(("sqla+", "filesystem://"))
-CELERY_RESULT_BACKEND = env.str(
-    "CELERY_RESULT_BACKEND",
-    default=(f"db+sqlite:///{DATA_DIR / 'results.sqlite3'}" if BROKER_IS_EMBEDDED else CELERY_BROKER_URL),
-)
+# The few kept results (health pings, the benchmark's baseline) go next to the
+# broker: SQLite beside the embedded broker, Redis on Redis, and RabbitMQ's RPC
+# reply queues on AMQP (Celery has no 'amqp' result backend).
+if BROKER_IS_EMBEDDED:
+    _default_result_backend = f"db+sqlite:///{DATA_DIR / 'results.sqlite3'}"
+elif CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://")):
+    _default_result_backend = "rpc://"
+else:
+    _default_result_backend = CELERY_BROKER_URL
+CELERY_RESULT_BACKEND = env.str("CELERY_RESULT_BACKEND", default=_default_result_backend)
 # Longest allowed step is 1 h (the long queue); a late-acked message must not be
 # redelivered while its step is still legitimately running.
 CELERY_VISIBILITY_TIMEOUT = env.int("CELERY_VISIBILITY_TIMEOUT", default=2 * 3600)
