@@ -194,13 +194,12 @@ class McpServerDetail(generics.RetrieveAPIView):
         return Response(McpServerOut(server).data)
 
 
-class McpServerHarvest(generics.GenericAPIView):
-    def get_queryset(self):
-        return _visible(McpServer.objects.all(), self.request.user)
-
+# APIView, not GenericAPIView: these POSTs take no body, and OPTIONS on a generic view
+# without a serializer is a 500.
+class McpServerHarvest(APIView):
     @extend_schema(request=None, responses={200: HarvestOut, **errors(502)})
     def post(self, request, pk):
-        server = self.get_object()
+        server = generics.get_object_or_404(_visible(McpServer.objects.all(), request.user), pk=pk)
         require(request.user, server.workspace_id, Permission.ADMINISTER)
         result = mcp.mcp_harvest(server, user=request.user)
         return Response(result.counts())
@@ -242,13 +241,10 @@ class McpToolDetail(generics.RetrieveAPIView):
         return Response(McpToolOut(tool).data)
 
 
-class McpToolApprove(generics.GenericAPIView):
-    def get_queryset(self):
-        return _tools_visible(self.request.user)
-
+class McpToolApprove(APIView):
     @extend_schema(request=None, responses={200: McpToolOut, **errors(409)})
     def post(self, request, pk):
-        tool = self.get_object()
+        tool = generics.get_object_or_404(_tools_visible(request.user), pk=pk)
         require(request.user, tool.server.workspace_id, Permission.ADMINISTER)
         tool = mcp.mcp_tool_approve(tool=tool, user=request.user)
         return Response(McpToolOut(tool).data)
