@@ -335,7 +335,17 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # A 4xx is the client's business, not a warning of ours; 5xx stay ERROR.
+        "django.request": {"level": "ERROR"},
+        # Housekeeping chatter (beat sending due tasks, every task received and succeeded):
+        # shown only with LOG_LEVEL=DEBUG. Failures are logged at ERROR whatever the level.
+        **{
+            name: {"level": "DEBUG" if env.str("LOG_LEVEL", default="INFO").upper() == "DEBUG" else "WARNING"}
+            for name in ("celery.beat", "celery.worker.strategy", "celery.app.trace")
+        },
+    },
 }
 
 # Housekeeping on Celery Beat (synced into django-celery-beat's tables by the

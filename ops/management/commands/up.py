@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shlex
+import shutil
 import socket
 import sys
 import threading
@@ -27,7 +29,11 @@ from django.db import connections
 from config.celery import QUEUES
 from ops.services import Bootstrap, platform_bootstrap
 from ops.supervisor import ChildSpec, Supervisor
+from triggers.models import Trigger
 
+EXAMPLE_NAME, EXAMPLE_TRIGGER = "Hello autoplane", "hook"  # examples/hello.json
+# Celery warns, in 8 lines per worker, when it runs as root; up says it once instead.
+ROOT_WARNING_FILTER = "ignore:You're running the worker with superuser privileges"
 DEFAULT_CONCURRENCY = {"default": 1, "automations_fast": 2, "automations_medium": 1, "automations_long": 1}
 READY_TIMEOUT = 120.0
 
@@ -75,6 +81,10 @@ def build_specs(*, host: str, port: int, concurrency: dict[str, int], web_worker
         "PYTHONUNBUFFERED": "1",
         "AUTOPLANE_SUPERVISOR_STATE_FILE": str(state_file_for(port)),
     }
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        env["PYTHONWARNINGS"] = ",".join(
+            filter(None, [os.environ.get("PYTHONWARNINGS"), ROOT_WARNING_FILTER])
+        )
     cwd = str(settings.BASE_DIR)
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     if importlib.util.find_spec("gunicorn"):
@@ -85,14 +95,14 @@ def build_specs(*, host: str, port: int, concurrency: dict[str, int], web_worker
     specs = [ChildSpec("web", web, env, cwd)]
     for queue in QUEUES:
         worker = [
-            python, "-m", "celery", "-A", "config", "worker", "-Q", queue, "-n", f"{queue}@%h",
+            python, "-m", "celery", "--quiet", "-A", "config", "worker", "-Q", queue, "-n", f"{queue}@%h",
             "-c", str(concurrency[queue]), "-P", "prefork", "-O", "fair", "-l", "INFO",
             # gossip, mingle and event heartbeats need broker broadcast (the embedded
             # broker has none) and only slow the start; /healthz uses ops heartbeats.
             "--without-gossip", "--without-mingle", "--without-heartbeat",
         ]  # fmt: skip
         specs.append(ChildSpec(f"worker-{_short(queue)}", worker, env, cwd))
-    beat = [python, "-m", "celery", "-A", "config", "beat", "-S", "django_celery_beat.schedulers:DatabaseScheduler",
+    beat = [python, "-m", "celery", "--quiet", "-A", "config", "beat", "-S", "django_celery_beat.schedulers:DatabaseScheduler",
             "-l", "INFO"]  # fmt: skip
     specs.append(ChildSpec("beat", beat, env, cwd))
     specs.append(ChildSpec("sequencer", [python, "manage.py", "audit_sequencer"], env, cwd))
@@ -128,6 +138,33 @@ def _load_examples(*, bootstrap: Bootstrap, say) -> None:
             say(f"example {path.name} not loaded: {exc}")
         else:
             say(f"example {path.name} loaded as automation {automation.pk} ({automation.name})")
+
+
+def _try_it_lines(base: str, bootstrap: Bootstrap | None) -> str:
+    """The README's "what next", with this installation's ids: rotate the example's webhook
+    token, fire it, and where to watch the run."""
+    trigger = (
+        Trigger.objects.filter(automation__name=EXAMPLE_NAME, key=EXAMPLE_TRIGGER)
+        .order_by("created_at")
+        .first()
+    )
+    if trigger is None:
+        return ""
+    api_token = bootstrap.api_token if bootstrap is not None else "$AUTOPLANE_API_TOKEN"
+    rotate = (
+        f'curl -s -X POST -H "Authorization: Token {api_token}" {base}/api/v1/triggers/{trigger.pk}/rotate-token'
+        " | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"token\"])'"
+    )
+    fire = (
+        f'curl -s -X POST -H "Authorization: Bearer $HOOK" -H "Content-Type: application/json" '
+        f"-d {shlex.quote(json.dumps({'name': 'ada'}))} {base}/api/v1/automations/{trigger.automation_id}/fire"
+    )
+    return "\n".join([
+        "  try it     fire the example over its webhook (a new token each time), then watch the run:",
+        f"    HOOK=$({rotate}) && {fire}",
+        f"             the answer's status_url ({base}/api/v1/runs/<run_id>) or {base}/admin/automations/run/",
+        "",
+    ])  # fmt: skip
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -173,14 +210,15 @@ class Command(BaseCommand):
         self._ensure_signing_key()
         if bootstrap is not None:
             _load_examples(bootstrap=bootstrap, say=self.say)
+        base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"  # noqa: S104
+        try_it = _try_it_lines(base, bootstrap)
         connections.close_all()  # the children open their own
         self.say(f"migrations and bootstrap done ({time.monotonic() - started:.1f} s)")
-
-        base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"  # noqa: S104
+        self._prerequisites()
         if init_only:
             self.stdout.write(self._banner(base, bootstrap, urls=False))
             return
-        banner = self._banner(base, bootstrap)
+        banner = self._banner(base, bootstrap) + try_it
         self.stdout.write(banner)
         supervisor = Supervisor(
             build_specs(host=host, port=port, concurrency=per_queue, web_workers=web_workers),
@@ -193,6 +231,18 @@ class Command(BaseCommand):
         code = supervisor.run()
         if code:
             raise SystemExit(code)
+
+    def _prerequisites(self) -> None:
+        """One line for each thing missing or unusual on this machine; nothing when all is well."""
+        if settings.AUTOPLANE_SANDBOX_BACKEND == "bubblewrap" and not shutil.which(
+            settings.AUTOPLANE_BWRAP_PATH
+        ):
+            self.say(
+                f"bubblewrap ({settings.AUTOPLANE_BWRAP_PATH}) not found: code steps (run_python, run_shell) "
+                "will fail closed; install it (Debian/Ubuntu: apt-get install bubblewrap)"
+            )
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            self.say("running as root: fine on a dev box; in production run workers as an unprivileged user")
 
     def _ensure_signing_key(self) -> None:
         if settings.AUTOPLANE_SIGNING_KEY:
