@@ -111,7 +111,7 @@ class RunRecorder:
                             payload={"action": step["action"]})  # fmt: skip
             verb = "is waiting" if status == StepStatus.WAITING else "succeeded"
             self._audit(f"step.{status}", f"{step_id} {verb}" + (f": {envelope.summary}" if envelope.summary else ""),
-                        Outcome.SUCCESS, refs={"step": step_id}, payload={"cost_usd": str(envelope.cost_usd)})  # fmt: skip
+                        Outcome.SUCCESS, refs={"step": step_id}, payload=spent(envelope))  # fmt: skip
 
     def _skip(self, step_run: StepRun, step: dict) -> None:
         with transaction.atomic(savepoint=False):
@@ -200,7 +200,7 @@ class RunRecorder:
             return Parked(RunStatus.WAITING, wake_at)
         with transaction.atomic(savepoint=False):
             self._audit("step.failed", f"{step_id} failed: {error['code']}", Outcome.FAILURE, refs={"step": step_id},
-                        payload={"error": error, "attempt": attempt})  # fmt: skip
+                        payload={"error": error, "attempt": attempt, **spent(envelope)})  # fmt: skip
         self._fail({"code": error["code"], "message": error["message"], "step_id": step_id})
         return Parked(self.run.status) if self.run.status in FINAL_RUN_STATUSES else None
 
@@ -282,6 +282,11 @@ def redacted(envelope: Envelope, secrets: list[str]) -> Envelope:
     if envelope.error:
         envelope.error = redact(envelope.error, secrets)
     return envelope
+
+
+def spent(envelope: Envelope) -> dict[str, Any]:
+    """What a step cost, for its audit row (tokens only when it used some)."""
+    return {"cost_usd": str(envelope.cost_usd), **({"usage": envelope.usage} if envelope.usage else {})}
 
 
 def charged(envelope: Envelope, meter: CostMeter) -> Envelope:

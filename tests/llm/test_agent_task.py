@@ -291,3 +291,19 @@ def test_a_run_whose_estimate_exceeds_the_budget_cap_is_refused_at_dispatch(llm,
     assert response.json()["error"]["code"] == "BUDGET_EXCEEDED"
     assert Run.objects.count() == 0
     assert llm.requests == []
+
+
+def test_token_usage_and_cost_are_in_the_steps_audit_row(llm, workspace, owner, operator, drive):
+    automation = automation_with(workspace, owner, agent())
+    llm.script(reply_text("done", prompt_tokens=1000, completion_tokens=10))
+
+    start(automation, operator, drive)
+
+    row = AuditEvent.objects.get(type="step.succeeded", refs__step="agent")
+    assert row.payload["usage"] == {
+        "prompt_tokens": 1000,
+        "completion_tokens": 10,
+        "turns": 1,
+        "tool_calls": 0,
+    }
+    assert Decimal(row.payload["cost_usd"]) == Decimal("0.0105")
