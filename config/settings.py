@@ -8,6 +8,7 @@ Every variable is listed in ``.env.example``.
 
 from __future__ import annotations
 
+import os
 import secrets
 from decimal import Decimal
 from pathlib import Path
@@ -22,7 +23,28 @@ if (BASE_DIR / ".env").is_file():
     environ.Env.read_env(BASE_DIR / ".env")
 
 DATA_DIR = Path(env.str("AUTOPLANE_DATA_DIR", default=str(BASE_DIR / "var"))).resolve()
-DATA_DIR.mkdir(parents=True, exist_ok=True)
+DATA_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def _private(path: Path, mode: int) -> None:
+    """Narrow ``path`` to ``mode`` when this process owns it (the data dir holds the database and keys)."""
+    try:
+        if path.stat().st_uid == os.getuid() and path.stat().st_mode & 0o777 != mode:
+            path.chmod(mode)
+    except OSError:  # not ours to change, or gone meanwhile
+        pass
+
+
+def _private_file(path: Path) -> None:
+    """Create ``path`` empty with mode 0600 if it is missing (SQLite then keeps that mode for the
+    database and gives it to its -wal and -shm files), or narrow an existing one to 0600."""
+    try:
+        path.touch(mode=0o600, exist_ok=False)
+    except FileExistsError:
+        _private(path, 0o600)
+
+
+_private(DATA_DIR, 0o700)
 
 
 def _persistent_secret(filename: str, generate) -> str:
@@ -40,6 +62,18 @@ SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="") or _persistent_secret(
 )
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+# HTTPS (`manage.py check --deploy`): off by default for the embedded, plain-HTTP default;
+# docker-compose.yml turns them on for production. Behind a TLS-terminating proxy, set
+# DJANGO_SECURE_PROXY_SSL_HEADER so Django sees the original scheme (else redirects loop).
+SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=False)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]  # probes inside the container speak plain HTTP
+SECURE_HSTS_SECONDS = env.int("DJANGO_SECURE_HSTS_SECONDS", default=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+SECURE_HSTS_PRELOAD = env.bool("DJANGO_SECURE_HSTS_PRELOAD", default=False)
+SESSION_COOKIE_SECURE = env.bool("DJANGO_SESSION_COOKIE_SECURE", default=False)
+CSRF_COOKIE_SECURE = env.bool("DJANGO_CSRF_COOKIE_SECURE", default=False)
+if env.bool("DJANGO_SECURE_PROXY_SSL_HEADER", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -113,6 +147,8 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
         }
     )
     _db["TEST"] = {"NAME": str(DATA_DIR / "test_autoplane.sqlite3")}
+    if Path(_db["NAME"]).parent == DATA_DIR:
+        _private_file(Path(_db["NAME"]))
 elif _db["ENGINE"] in ("django.db.backends.postgresql",):
     _db.setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=60))
     _db.setdefault("CONN_HEALTH_CHECKS", True)
@@ -149,6 +185,12 @@ elif CELERY_BROKER_URL.startswith(("amqp://", "amqps://", "pyamqp://")):
 else:
     _default_result_backend = CELERY_BROKER_URL
 CELERY_RESULT_BACKEND = env.str("CELERY_RESULT_BACKEND", default=_default_result_backend)
+for _url in (CELERY_BROKER_URL, CELERY_RESULT_BACKEND):  # the embedded broker's files: private too
+    if (
+        _url.startswith(("sqla+sqlite:///", "db+sqlite:///"))
+        and Path(_url.split(":///", 1)[1]).parent == DATA_DIR
+    ):
+        _private_file(Path(_url.split(":///", 1)[1]))
 # Longest allowed step is 1 h (the long queue); a late-acked message must not be
 # redelivered while its step is still legitimately running.
 CELERY_VISIBILITY_TIMEOUT = env.int("CELERY_VISIBILITY_TIMEOUT", default=2 * 3600)
