@@ -226,3 +226,28 @@ def test_concurrent_processes_write_to_sqlite_without_database_is_locked(tmp_pat
         assert db.execute("SELECT count(*), count(DISTINCT seq) FROM row").fetchone() == (
             processes * per_process, processes * per_process,
         )  # fmt: skip
+
+
+def test_up_creates_a_postgresql_database_that_does_not_exist_yet(tmp_path):
+    if settings.DATABASE_IS_SQLITE:
+        pytest.skip("PostgreSQL lane: SQLite creates its file anyway")
+    name = f"autoplane_missing_{uuid.uuid4().hex[:8]}"
+    params = connection.settings_dict
+    auth = (params.get("USER") or "") + (f":{params['PASSWORD']}" if params.get("PASSWORD") else "")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE_", "AUTOPLANE_"))}
+    env.update(
+        DJANGO_SETTINGS_MODULE="config.settings", AUTOPLANE_DATA_DIR=str(tmp_path),
+        DATABASE_URL=f"postgres://{auth}@{params.get('HOST') or 'localhost'}:{params.get('PORT') or 5432}/{name}",
+    )  # fmt: skip
+    try:
+        # When: the README's PostgreSQL section is followed with a database nobody created
+        done = subprocess.run([sys.executable, "manage.py", "up", "--init-only"], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+
+        # Then: up created it and went on, with no traceback
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"database '{name}' created" in done.stdout
+        assert "Traceback" not in done.stderr
+    finally:
+        with _postgres_admin() as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

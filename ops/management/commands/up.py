@@ -21,10 +21,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import psycopg
+import psycopg.sql
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
-from django.db import connections
+from django.db import OperationalError, connections
 
 from config.celery import QUEUES
 from ops.services import Bootstrap, platform_bootstrap
@@ -205,6 +207,7 @@ class Command(BaseCommand):
         if not init_only and not _port_free(host, port):
             raise CommandError(f"{host}:{port} is in use; pick another with --port")
 
+        self._ensure_database()
         call_command("migrate", interactive=False, verbosity=0)
         bootstrap = platform_bootstrap()
         self._ensure_signing_key()
@@ -231,6 +234,31 @@ class Command(BaseCommand):
         code = supervisor.run()
         if code:
             raise SystemExit(code)
+
+    def _ensure_database(self) -> None:
+        """A PostgreSQL database that does not exist yet is created, or one line says how to."""
+        connection = connections["default"]
+        try:
+            connection.ensure_connection()
+            return
+        except OperationalError as exc:
+            if settings.DATABASE_IS_SQLITE or "does not exist" not in str(exc):
+                raise CommandError(f"cannot connect to the database: {str(exc).strip().splitlines()[0]}")
+        params = connection.settings_dict
+        name, host = params["NAME"], params.get("HOST") or "localhost"
+        try:
+            with psycopg.connect(
+                host=host, port=params.get("PORT") or 5432, user=params.get("USER") or None,
+                password=params.get("PASSWORD") or None, dbname="postgres", autocommit=True,
+            ) as admin:  # fmt: skip
+                admin.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
+        except psycopg.Error as exc:
+            user = f" -U {params['USER']}" if params.get("USER") else ""
+            raise CommandError(
+                f"database {name!r} does not exist on {host} and could not be created "
+                f"({str(exc).strip().splitlines()[0]}); run: createdb -h {host}{user} {name}"
+            )
+        self.say(f"database {name!r} created on {host}")
 
     def _prerequisites(self) -> None:
         """One line for each thing missing or unusual on this machine; nothing when all is well."""
