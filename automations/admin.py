@@ -38,7 +38,10 @@ class AutomationForm(forms.ModelForm):
 
     def clean(self):
         cleaned = super().clean()
-        workspace, definition = cleaned.get("workspace"), cleaned.get("definition")
+        # On the change page ``workspace`` is read-only (not a form field): validate against the
+        # automation's own workspace, so an invalid definition is an inline error, never a 500.
+        workspace = cleaned.get("workspace") if "workspace" in self.fields else self.instance.workspace
+        definition = cleaned.get("definition")
         if workspace is not None and definition is not None:
             try:
                 services.definition_check(
