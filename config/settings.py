@@ -224,6 +224,9 @@ AUTOPLANE_RETIRED_PUBLIC_KEY_FILES = [
 AUTOPLANE_SIGNING_KEY_AUTOGENERATE = env.bool(
     "AUTOPLANE_SIGNING_KEY_AUTOGENERATE", default=DATABASE_IS_SQLITE
 )
+# Threads per web process that run Django views (ops/asgi.py); each keeps its own
+# database connection. Requests are read on the event loop before they get one.
+AUTOPLANE_WEB_THREADS = env.int("AUTOPLANE_WEB_THREADS", default=4)
 # The audit sequencer (docs/audit.md): appends wait at most this long before they
 # are chained (reported by /healthz and /metrics); the sequencer polls every
 # INTERVAL and chains at most BATCH entries of a chain per transaction.

@@ -90,8 +90,11 @@ def build_specs(*, host: str, port: int, concurrency: dict[str, int], web_worker
     cwd = str(settings.BASE_DIR)
     bind = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     if importlib.util.find_spec("gunicorn"):
-        web = [python, "-m", "gunicorn", "ops.wsgi:application", "--bind", bind, "--workers", str(web_workers),
-               "--timeout", "60", "--graceful-timeout", "5", "--preload", "--no-control-socket"]  # fmt: skip
+        # gunicorn's asyncio worker parses requests on its event loop, so a slow or
+        # stalled client holds a socket, never a worker (docs/operations.md).
+        web = [python, "-m", "gunicorn", "ops.asgi:application", "--worker-class", "asgi", "--bind", bind,
+               "--workers", str(web_workers), "--timeout", "60", "--graceful-timeout", "5", "--preload",
+               "--no-control-socket"]  # fmt: skip
     else:
         web = [python, "manage.py", "runserver", "--noreload", bind]
     specs = [ChildSpec("web", web, env, cwd)]

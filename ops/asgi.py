@@ -1,0 +1,24 @@
+"""What ``manage.py up`` and docker-compose serve: gunicorn's asyncio worker in front of Django's WSGI app.
+
+gunicorn's ``asgi`` worker reads and parses every request on its event loop,
+so a client that sends its headers slowly, or stalls (slowloris), holds a
+socket and nothing else. Only a complete request reaches Django, which runs
+in a fixed pool of ``AUTOPLANE_WEB_THREADS`` threads per process (a2wsgi's
+WSGI-in-ASGI adapter): a bounded number of threads, each keeping its own
+persistent database connection, exactly as a threaded WSGI server would.
+(Django's own ASGI handler would give every request a new thread, and so a
+new database connection, which a PostgreSQL server runs out of under load.)
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+from a2wsgi import WSGIMiddleware  # noqa: E402
+from django.conf import settings  # noqa: E402
+
+from ops.wsgi import application as wsgi_application  # noqa: E402
+
+application = WSGIMiddleware(wsgi_application, workers=settings.AUTOPLANE_WEB_THREADS)
