@@ -66,7 +66,7 @@ def _worker(barrier, results, workspace_id: int, count: int, name: str, batch: i
     client_cpu = time.process_time()
     start = time.perf_counter()
     for first in range(0, count, batch):
-        with transaction.atomic():
+        with transaction.atomic(), writer.batch():  # one INSERT per transaction
             for i in range(first, min(first + batch, count)):
                 writer.append(
                     trace_id=f"bench-{name}",
