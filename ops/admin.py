@@ -1,8 +1,26 @@
+"""Site-wide admin configuration (``ops`` is the last installed app, so every other admin is
+registered by the time this runs) and the worker heartbeat admin."""
+
 from __future__ import annotations
 
 from django.contrib import admin
+from django_celery_beat import models as beat
+from rest_framework.authtoken.models import TokenProxy
 
 from .models import Heartbeat
+
+admin.site.site_header = "autoplane"
+admin.site.site_title = "autoplane"
+admin.site.index_title = "Operator console"
+
+# Schedules are edited through triggers only (the trigger service owns its periodic task), and API
+# tokens are issued by `create_api_token`: the raw django-celery-beat and DRF token admins would let
+# an operator change either out of band, so they are not in the admin.
+HIDDEN = (beat.PeriodicTask, beat.IntervalSchedule, beat.CrontabSchedule, beat.SolarSchedule,
+          beat.ClockedSchedule, TokenProxy)  # fmt: skip
+for model in HIDDEN:
+    if admin.site.is_registered(model):
+        admin.site.unregister(model)
 
 
 @admin.register(Heartbeat)
