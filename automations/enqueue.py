@@ -8,25 +8,41 @@ so no engine module imports ``tasks.py`` (only Celery does) and a rolled-back
 transaction sends nothing.
 
 The message only says "look at this run": execution starts with a claim on the
-row, so a duplicate, late or lost message is harmless (the sweep re-sends lost
-ones). The database, not the broker, is the record of what must run.
+row, so a duplicate, late or lost message is harmless. The database, not the
+broker, is the record of what must run: an outbox whose rows are the runs.
+
+- A publish that fails after the commit (broker down) is logged, never raised:
+  the run is committed, so the request that created it is answered 202.
+- :func:`runs_relay` (the ``autoplane.relay`` task, every
+  ``AUTOPLANE_RELAY_SECONDS``) publishes every run still ``queued``
+  ``AUTOPLANE_RELAY_AFTER_SECONDS`` after it was queued whose queue holds no
+  message at all in the broker: its message was never sent (broker down, a web
+  worker killed between commit and publish) or was lost (a flushed or restarted
+  broker). Within seconds of the broker coming back, without a write per run.
+  When the queue does hold messages, a missing one cannot be told apart from a
+  backlog, and the sweep's ``AUTOPLANE_REQUEUE_AFTER_SECONDS`` applies.
 """
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from config.celery import app
+from config.celery import app, queue_backlog
 
-from .models import Run
+from .models import Run, RunStatus
+
+logger = logging.getLogger(__name__)
 
 EXECUTE_TASK = "autoplane.execute_run"
 # Timers longer than this are left to the sweep instead of a broker countdown,
 # so a message never sits in the broker past its visibility timeout.
 MAX_COUNTDOWN = timedelta(minutes=15)
+RELAY_BATCH = 500
 
 
 def publish_run(run_id: str, queue: str, *, countdown: float | None = None) -> None:
@@ -34,10 +50,48 @@ def publish_run(run_id: str, queue: str, *, countdown: float | None = None) -> N
     app.send_task(EXECUTE_TASK, args=[run_id], queue=queue, countdown=countdown)
 
 
+def _publish_committed(run_id: str, queue: str, countdown: float | None) -> None:
+    try:
+        publish_run(run_id, queue, countdown=countdown)
+    except Exception as exc:  # kombu and redis raise several types; the run row is the record
+        logger.warning("run %s committed but not published (%r); the relay will publish it", run_id, exc)
+
+
 def run_enqueue(run: Run, *, countdown: float | None = None) -> None:
-    """Queue ``run`` for a worker after the current transaction commits."""
+    """Queue ``run`` for a worker after the current transaction commits (the relay if the broker is down)."""
     run_id, queue = str(run.pk), run.queue
-    transaction.on_commit(lambda: publish_run(run_id, queue, countdown=countdown))
+    transaction.on_commit(lambda: _publish_committed(run_id, queue, countdown))
+
+
+def runs_relay(now: datetime | None = None) -> int:
+    """Publish the queued runs whose queue holds no message; returns how many were published."""
+    now = now or timezone.now()
+    waiting = Run.objects.filter(
+        status=RunStatus.QUEUED,
+        enqueued_at__lt=now - timedelta(seconds=settings.AUTOPLANE_RELAY_AFTER_SECONDS),
+    )
+    queues = sorted(set(waiting.values_list("queue", flat=True).distinct()))
+    if not queues:
+        return 0
+    try:
+        backlog = queue_backlog(tuple(queues))
+    except Exception as exc:  # the broker is still down: the next tick tries again
+        logger.info("relay: broker unreachable (%r)", exc)
+        return 0
+    published = 0
+    for queue in queues:
+        if backlog.get(queue):
+            continue  # a backlog: not ours to second-guess (the sweep's requeue applies)
+        for run_id in list(
+            waiting.filter(queue=queue).order_by("enqueued_at").values_list("pk", flat=True)[:RELAY_BATCH]
+        ):
+            # Stamped, so the next tick does not send it again before a worker had a chance.
+            Run.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(enqueued_at=now)
+            publish_run(str(run_id), queue)
+            published += 1
+    if published:
+        logger.info("relay: published %d queued runs their queue had no message for", published)
+    return published
 
 
 def run_wake_at(run: Run, wake_at: datetime) -> None:

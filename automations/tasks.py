@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from . import events, executor, services
+from . import enqueue, events, executor, services
 from .authoring.drafts import drafts_purge_expired
 from .dispatcher import purge_dispatch_keys
 
@@ -27,7 +27,7 @@ def deliver_event(event_id: str) -> int:
 
 @shared_task(name="autoplane.relay", ignore_result=True)
 def relay() -> int:
-    return events.redeliver()
+    return enqueue.runs_relay() + events.redeliver()
 
 
 @shared_task(name="autoplane.sweep_runs", ignore_result=True)

@@ -6,6 +6,7 @@ import os
 
 from celery import Celery
 from kombu import Exchange, Queue
+from kombu.exceptions import ChannelError
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -44,6 +45,25 @@ app.conf.update(
     enable_utc=True,
 )
 app.autodiscover_tasks()
+
+
+BROKER_TIMEOUT_SECONDS = 3.0
+
+
+def queue_backlog(
+    queues: tuple[str, ...] = QUEUES, timeout: float = BROKER_TIMEOUT_SECONDS
+) -> dict[str, int]:
+    """Messages waiting in each queue, from a fresh broker connection (raises when unreachable)."""
+    backlog: dict[str, int] = {}
+    with app.connection_for_read(connect_timeout=timeout) as conn:
+        conn.ensure_connection(max_retries=0, timeout=timeout)
+        channel = conn.default_channel
+        for queue in queues:
+            try:
+                backlog[queue] = channel.queue_declare(queue=queue, passive=True).message_count
+            except ChannelError:  # Redis: an empty queue does not exist as a key
+                backlog[queue] = 0
+    return backlog
 
 
 @app.task(name="autoplane.ping", ignore_result=False)

@@ -248,13 +248,17 @@ AUTOPLANE_BWRAP_PATH = env.str("AUTOPLANE_BWRAP_PATH", default="bwrap")
 if AUTOPLANE_SANDBOX_BACKEND not in ("bubblewrap", "subprocess"):
     raise ImproperlyConfigured("AUTOPLANE_SANDBOX_BACKEND must be 'bubblewrap' or 'subprocess'")
 
-# A run whose worker stopped heartbeating for this long is re-enqueued by the sweeper.
-AUTOPLANE_RUN_LEASE_SECONDS = env.int("AUTOPLANE_RUN_LEASE_SECONDS", default=60)
-AUTOPLANE_SWEEP_SECONDS = env.int("AUTOPLANE_SWEEP_SECONDS", default=15)
+# Recovery intervals: what each trades off is in docs/operations.md, "Recovery intervals".
+# A running step renews its run's lease every third of it; a run whose worker stopped
+# renewing for this long is recovered by the sweep (on another host; on the same host
+# a dead worker's run is taken over at once).
+AUTOPLANE_RUN_LEASE_SECONDS = env.int("AUTOPLANE_RUN_LEASE_SECONDS", default=30)
+AUTOPLANE_SWEEP_SECONDS = env.int("AUTOPLANE_SWEEP_SECONDS", default=5)
 # A queued run whose message has not been taken this long is sent again by the sweep
-# (its message was lost: a flushed or restarted broker). Too short re-sends messages
-# that are merely waiting behind a busy queue (harmless: execution starts with a claim).
-AUTOPLANE_REQUEUE_AFTER_SECONDS = env.int("AUTOPLANE_REQUEUE_AFTER_SECONDS", default=300)
+# even though its queue holds messages (the relay handles queues holding none). Too
+# short re-sends messages merely waiting behind a busy queue (harmless: execution
+# starts with a claim, but it grows the backlog).
+AUTOPLANE_REQUEUE_AFTER_SECONDS = env.int("AUTOPLANE_REQUEUE_AFTER_SECONDS", default=60)
 # First delay of a retried step; linear backoff multiplies it by the attempt, exponential
 # doubles it per attempt (capped at 300 s, with ±20 % jitter).
 AUTOPLANE_RETRY_BASE_SECONDS = env.float("AUTOPLANE_RETRY_BASE_SECONDS", default=2.0)
@@ -268,8 +272,9 @@ for _name in (
     if globals()[_name] < 0:
         raise ImproperlyConfigured(f"{_name} must not be negative")
 # The relay (beat, every RELAY_SECONDS) sends again what was committed but never
-# reached the broker, or was lost in it: events undelivered RELAY_AFTER_SECONDS
-# after their last send. See docs/operations.md, "Intervals".
+# reached the broker, or was lost in it: queued runs whose queue holds no message,
+# and events undelivered, RELAY_AFTER_SECONDS after they were sent. See
+# docs/operations.md, "Recovery intervals".
 AUTOPLANE_RELAY_SECONDS = env.float("AUTOPLANE_RELAY_SECONDS", default=2.0)
 AUTOPLANE_RELAY_AFTER_SECONDS = env.float("AUTOPLANE_RELAY_AFTER_SECONDS", default=5.0)
 

@@ -30,10 +30,9 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
-from kombu.exceptions import ChannelError
 
 from audit.sequencer import backlog as audit_backlog
-from config.celery import QUEUES
+from config.celery import QUEUES, queue_backlog
 from config.celery import app as celery_app
 from ops.models import HeartbeatKind
 from ops.selectors import STALE_AFTER, heartbeats_fresh, last_seen, workers_by_queue
@@ -66,16 +65,7 @@ def check_database() -> dict[str, Any]:
 
 def broker_backlog(queues: tuple[str, ...] = QUEUES) -> dict[str, int]:
     """Messages waiting in each queue, from a fresh broker connection (raises when unreachable)."""
-    backlog: dict[str, int] = {}
-    with celery_app.connection_for_read(connect_timeout=BROKER_TIMEOUT_SECONDS) as conn:
-        conn.ensure_connection(max_retries=0, timeout=BROKER_TIMEOUT_SECONDS)
-        channel = conn.default_channel
-        for queue in queues:
-            try:
-                backlog[queue] = channel.queue_declare(queue=queue, passive=True).message_count
-            except ChannelError:  # Redis: an empty queue does not exist as a key
-                backlog[queue] = 0
-    return backlog
+    return queue_backlog(queues, BROKER_TIMEOUT_SECONDS)
 
 
 def check_broker() -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -12,8 +13,10 @@ from django.db import connection
 from django.utils import timezone
 
 from audit.models import AuditEvent
-from automations import executor, services
+from automations import enqueue, executor, services
 from automations.models import Run, RunStatus, StepRun
+from config.celery import app as celery_app
+from config.celery import queue_backlog
 
 from .factories import definition, transform
 
@@ -339,3 +342,43 @@ def test_a_step_without_side_effects_longer_than_the_lease_keeps_its_run(workspa
 
     assert outcome["status"] == RunStatus.SUCCEEDED
     assert len(http_server.requests) == 1
+
+
+# --- accepted means durable: the outbox and its relay ------------------------------------------------
+
+
+def test_a_run_whose_publish_fails_after_commit_is_accepted_and_left_to_the_relay(
+    workspace, api, monkeypatch, django_capture_on_commit_callbacks
+):
+    automation = create(workspace, transform("a", "x"))
+
+    def broker_down(*args, **kwargs):
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(celery_app, "send_task", broker_down)
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        response = api.post(f"/api/v1/automations/{automation.pk}/run", {}, format="json")
+
+    assert response.status_code == 202, response.content
+    assert len(callbacks) == 1  # the publish was attempted, and failed
+    assert Run.objects.get(pk=response.json()["run_id"]).status == RunStatus.QUEUED
+
+
+def test_the_relay_publishes_queued_runs_only_when_their_queue_holds_no_message(workspace, settings):
+    settings.AUTOPLANE_RELAY_AFTER_SECONDS = 0
+    queue = f"relay_test_{uuid.uuid4().hex[:8]}"  # a queue of its own: others' messages do not count
+    automation = create(workspace, transform("a", "x"))
+    lost = start(automation)
+    Run.objects.filter(pk=lost.pk).update(queue=queue, enqueued_at=timezone.now() - timedelta(seconds=1))
+    try:
+        assert enqueue.runs_relay() == 1
+        assert queue_backlog((queue,))[queue] == 1
+        stamped = Run.objects.get(pk=lost.pk).enqueued_at
+
+        # Its message is in the queue now: the relay leaves the run alone.
+        Run.objects.filter(pk=lost.pk).update(enqueued_at=stamped - timedelta(seconds=1))
+        assert enqueue.runs_relay() == 0
+        assert queue_backlog((queue,))[queue] == 1
+    finally:
+        with celery_app.connection_for_write() as conn:
+            conn.default_channel.queue_purge(queue)
