@@ -331,7 +331,7 @@ def test_a_step_without_side_effects_longer_than_the_lease_keeps_its_run(workspa
         deadline = time.monotonic() + 20
         while not http_server.requests and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(2.5)  # well past the 1 s lease: only a renewal (or a lease covering the step) keeps the run
+        time.sleep(2.5)  # past the 1 s lease: only a renewal (or a lease covering the step) keeps it
         assert Run.objects.get(pk=run.pk).lease_expires_at > timezone.now()
         assert executor.claim(str(run.pk), "worker-2:2") is None, "a live worker was robbed"
         assert services.runs_sweep()["lease_expired"] == 0
