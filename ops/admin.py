@@ -12,6 +12,7 @@ from .models import Heartbeat
 admin.site.site_header = "autoplane"
 admin.site.site_title = "autoplane"
 admin.site.index_title = "Operator console"
+admin.site.index_template = "admin/autoplane_index.html"  # adds the "Needs you" panel
 
 # Schedules are edited through triggers only (the trigger service owns its periodic task), and API
 # tokens are issued by `create_api_token`: the raw django-celery-beat and DRF token admins would let

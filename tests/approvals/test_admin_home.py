@@ -1,0 +1,70 @@
+"""The admin home page's "Needs you" panel: pending approvals and failed / needs-attention runs of
+the last 24 h, scoped to the user's workspaces, each linking to the filtered changelist."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from automations.models import Run, RunStatus
+
+from .helpers import definition, risk_step
+
+
+def _home(user) -> str:
+    user.is_staff = True
+    user.save(update_fields=["is_staff"])
+    client = Client()
+    client.force_login(user)
+    response = client.get(reverse("admin:index"))
+    assert response.status_code == 200
+    return response.content.decode()
+
+
+def _row(label: str, count: int, url: str) -> str:
+    return f'<tr><th scope="row"><a href="{url}">{label}</a></th><td>{count}</td></tr>'
+
+
+@pytest.fixture
+def busy(drive, target, path_for):
+    """One pending approval, two failed runs and one needing attention today, one failed run of last week."""
+    run = drive.start(drive.automation(definition(risk_step("high", target.url(path_for("home"))))))
+    drive.approval(run)
+
+    def copy(status, **extra):
+        return Run.objects.create(workspace=run.workspace, automation=run.automation, snapshot=run.snapshot,
+                                  automation_version=run.automation_version, status=status, trace_id=run.trace_id,
+                                  queue=run.queue, **extra)  # fmt: skip
+
+    copy(RunStatus.FAILED)
+    copy(RunStatus.FAILED)
+    copy(RunStatus.NEEDS_ATTENTION)
+    Run.objects.filter(pk=copy(RunStatus.FAILED).pk).update(created_at=timezone.now() - timedelta(days=7))
+    return run
+
+
+def test_home_shows_what_needs_the_operator_with_links(people, busy):
+    body = _home(people.vera)
+
+    runs = reverse("admin:automations_run_changelist")
+    assert 'id="needs-me"' in body
+    assert (
+        _row(
+            "Pending approvals", 1, reverse("admin:approvals_approval_changelist") + "?status__exact=pending"
+        )
+        in body
+    )
+    assert _row("Failed runs (24 h)", 2, runs + "?status__exact=failed") in body
+    assert _row("Runs needing attention (24 h)", 1, runs + "?status__exact=needs_attention") in body
+
+
+def test_home_counts_only_the_users_workspaces(people, busy):
+    body = _home(people.olga)
+
+    assert "Pending approvals</a></th><td>0</td>" in body
+    assert "Failed runs (24 h)</a></th><td>0</td>" in body
+    assert "Runs needing attention (24 h)</a></th><td>0</td>" in body
