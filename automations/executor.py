@@ -236,7 +236,10 @@ class Executor(RunRecorder):
 
     def _call(self, step_run: StepRun, step: dict, attempt: int, prepared: PreparedStep) -> Parked | None:
         step_id, config, capability = step["step_id"], prepared.config, prepared.capability
-        key = steps.idempotency_key(str(self.run.pk), step_id, attempt, config)
+        # One logical call, one key: a call re-sent after an unknown outcome (worker lost,
+        # timeout, connection dropped, an operator's "retry") or a "not processed" answer
+        # keeps the key it was first sent with; a definite failure clears it (outcomes.py).
+        key = step_run.idempotency_key or steps.idempotency_key(str(self.run.pk), step_id, attempt, config)
         timeout = self._step_timeout(step, capability.expected_duration_seconds)
         now = timezone.now()
         if capability.has_side_effects and self.batching:

@@ -31,7 +31,7 @@ from .claim import LostClaim
 from .concurrency import run_settled
 from .enqueue import run_wake_at
 from .models import FINAL_RUN_STATUSES, Run, RunStatus, StepRun, StepStatus
-from .steps import ON_FAILURE, PLAN
+from .steps import ON_FAILURE, PLAN, definite_failure
 from .transitions import check_transition
 
 DEFAULT_RUN_TIMEOUT = 3600.0
@@ -179,6 +179,7 @@ class RunRecorder:
                 rendered_config=config, output=envelope.as_dict(), error_code=error["code"],
                 error_message=error["message"][:500], started_at=started_at or now, finished_at=now,
                 cost_usd=step_run.cost_usd + envelope.cost_usd, checkpoint=None,
+                idempotency_key="" if definite_failure(envelope) else step_run.idempotency_key,
             )  # fmt: skip
             if envelope.cost_usd:
                 self._update_run(cost_usd=Decimal(self.run.cost_usd) + envelope.cost_usd)

@@ -186,6 +186,24 @@ def plan_hash(snapshot: dict[str, Any], step_key: str, config: Any) -> str:
     return hashlib.sha256(material.encode()).hexdigest()
 
 
+# Answers that say the request was not processed (or not yet): a retry is the same call.
+NOT_PROCESSED_STATUSES = frozenset({408, 425, 429, 502, 503, 504})
+
+
+def definite_failure(envelope: Envelope) -> bool:
+    """Did the receiver answer this call with a failure it processed (a 500, a 4xx)?
+
+    Then a retry is a new call with a new ``Idempotency-Key``: a receiver that stores
+    responses per key (Stripe stores and replays a 500) would otherwise answer the
+    retry with the stored failure. Anything else (no answer: worker lost, timeout,
+    connection dropped; or 408/425/429/502/503/504, "not processed") keeps the key.
+    """
+    status = envelope.data.get("status") if isinstance(envelope.data, dict) else None
+    return (
+        not envelope.ok and isinstance(status, int) and status >= 400 and status not in NOT_PROCESSED_STATUSES
+    )
+
+
 def idempotency_key(run_id: str, step_id: str, attempt: int, config: Any) -> str:
     material = f"{run_id}\x00{step_id}\x00{attempt}\x00{writer.canonical_json(config)}"
     return hashlib.sha256(material.encode()).hexdigest()

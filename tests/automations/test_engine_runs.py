@@ -95,7 +95,7 @@ def test_retryable_failure_is_retried_with_backoff_then_succeeds(workspace, driv
     assert step.attempt == 3
     assert len(http_server.requests) == 3
     keys = {r["headers"]["Idempotency-Key"] for r in http_server.requests}
-    assert len(keys) == 3  # each attempt is its own idempotency key
+    assert len(keys) == 1  # a 503 was not processed: the retries are the same call, with the same key
     assert trace_types(run).count("step.retrying") == 2
 
 
@@ -381,3 +381,35 @@ def test_the_relay_publishes_queued_runs_only_when_their_queue_holds_no_message(
     finally:
         with celery_app.connection_for_write() as conn:
             conn.default_channel.queue_purge(queue)
+
+
+def test_a_retry_after_a_definite_failure_is_a_new_call_with_a_new_key(workspace, drive, http_server):
+    http_server.statuses = [500]  # processed and failed: a receiver may store and replay it per key
+    automation = create(workspace, post("call", http_server.url + "/once", max_retries=1, retry_backoff="none"),
+                        execution={"autonomy": "A4"})  # fmt: skip
+    run = drive(start(automation).pk)
+
+    assert run.status == RunStatus.SUCCEEDED
+    keys = [r["headers"]["Idempotency-Key"] for r in http_server.requests]
+    assert len(keys) == 2
+    assert keys[0] != keys[1]
+
+
+def test_a_retry_safe_call_recovered_after_its_worker_died_keeps_its_key(workspace, drive, http_server):
+    put = {
+        "step_id": "put",
+        "action": "http_request",
+        "config": {"method": "PUT", "url": http_server.url + "/x"},
+    }
+    automation = create(workspace, put, execution={"autonomy": "A4"})
+    run = start(automation)
+    # What a worker killed mid-call leaves behind: the step checkpointed running, with its key.
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING, claimed_by="gone:1", started_at=timezone.now(),
+                                         lease_expires_at=timezone.now() - timedelta(seconds=1))  # fmt: skip
+    StepRun.objects.create(run=run, phase="plan", index=0, step_id="put", action="http_request", status="running",
+                           attempt=1, idempotency_key="k" * 64, started_at=timezone.now())  # fmt: skip
+
+    run = drive(run.pk)
+
+    assert run.status == RunStatus.SUCCEEDED
+    assert [r["headers"]["Idempotency-Key"] for r in http_server.requests] == ["k" * 64]
