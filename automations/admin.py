@@ -71,8 +71,21 @@ class VersionInline(admin.TabularInline):
         return False
 
 
+class WorkspaceScopedAdmin(admin.ModelAdmin):
+    """Staff see only the rows of workspaces they may view (superusers see all), as in the API."""
+
+    workspace_lookup = "workspace"
+
+    def get_queryset(self, request):
+        queryset = super().get_queryset(request)
+        if request.user.is_superuser:
+            return queryset
+        visible = workspaces_for(request.user, Permission.VIEW).values("id")
+        return queryset.filter(**{f"{self.workspace_lookup}__in": visible})
+
+
 @admin.register(Automation)
-class AutomationAdmin(admin.ModelAdmin):
+class AutomationAdmin(WorkspaceScopedAdmin):
     form = AutomationForm
     list_display = ["name", "workspace", "status", "version", "updated_at"]
     list_filter = ["status", "workspace"]
@@ -142,7 +155,7 @@ class AutomationAdmin(admin.ModelAdmin):
 
 
 @admin.register(Run)
-class RunAdmin(admin.ModelAdmin):
+class RunAdmin(WorkspaceScopedAdmin):
     list_display = ["id", "automation", "status", "trigger_type", "created_at", "finished_at", "cost_usd"]
     list_filter = ["status", "trigger_type", "queue", "workspace"]
     search_fields = ["id", "trace_id", "automation__name"]
@@ -213,7 +226,9 @@ class RunAdmin(admin.ModelAdmin):
 
 
 @admin.register(StepRun)
-class StepRunAdmin(admin.ModelAdmin):
+class StepRunAdmin(WorkspaceScopedAdmin):
+    workspace_lookup = "run__workspace"
+
     list_display = ["run", "step_id", "action", "status", "attempt", "started_at", "finished_at"]
     list_filter = ["status", "action"]
     search_fields = ["run__id", "step_id", "idempotency_key"]
@@ -226,7 +241,7 @@ class StepRunAdmin(admin.ModelAdmin):
 
 
 @admin.register(DomainEvent)
-class DomainEventAdmin(admin.ModelAdmin):
+class DomainEventAdmin(WorkspaceScopedAdmin):
     list_display = ["event_type", "workspace", "source", "created_at", "chain_depth"]
     list_filter = ["event_type", "workspace"]
     search_fields = ["event_type", "trace_id", "source"]

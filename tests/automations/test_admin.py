@@ -78,3 +78,22 @@ def test_an_invalid_definition_on_the_add_page_is_an_inline_error(operator, work
     assert response.status_code == 200
     assert "no_such_action" in response.content.decode()
     assert Automation.objects.count() == 0
+
+
+def test_staff_see_only_their_own_workspaces_automations(operator, workspace, outsider):
+    mine = services.automation_create(
+        workspace=workspace,
+        definition=definition(transform("a", {"x": 1}), name="quokka-ledger-sync"),
+        user=operator,
+    )
+    admin = staff(outsider)
+
+    listing = admin.get(reverse("admin:automations_automation_changelist"))
+    detail = admin.get(reverse("admin:automations_automation_change", args=[mine.pk]))
+
+    assert listing.status_code == 200
+    assert "quokka-ledger-sync" not in listing.content.decode()
+    assert detail.status_code == 302  # Django's "doesn't exist" redirect to the admin index
+    assert (
+        staff(operator).get(reverse("admin:automations_automation_change", args=[mine.pk])).status_code == 200
+    )
