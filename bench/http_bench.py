@@ -26,7 +26,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import signal
 import socket
 import subprocess
 import threading
@@ -41,6 +40,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 
 from bench.engine_bench import FINAL, pct
+from bench.workers import Workers
 
 
 def _free_port() -> int:
@@ -49,14 +49,13 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-class Topology:
+class Topology(Workers):
     """The children ``manage.py up`` supervises, started with the same argv, each in its own group."""
 
     def __init__(self, *, web_workers: int, concurrency: dict[str, int]):
+        super().__init__(concurrency)
         self.port = _free_port()
         self.web_workers = web_workers
-        self.concurrency = concurrency
-        self.procs: list[subprocess.Popen] = []
 
     def __enter__(self) -> Topology:
         from ops.management.commands.up import build_specs
@@ -73,8 +72,6 @@ class Topology:
         return self
 
     def wait_ready(self, timeout: float = 180) -> None:
-        from config.celery import ping
-
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -87,27 +84,7 @@ class Topology:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"web did not answer on port {self.port}") from None
                 time.sleep(0.2)
-        for queue in self.concurrency:
-            while True:
-                try:
-                    ping.apply_async(queue=queue).get(timeout=5)
-                    break
-                except Exception:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"no worker answered on {queue}") from None
-
-    def __exit__(self, *exc) -> None:
-        for proc in self.procs:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        for proc in self.procs:
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        super().wait_ready(timeout=max(1.0, deadline - time.monotonic()))
 
 
 class Client:
