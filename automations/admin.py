@@ -8,29 +8,36 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
-from django.shortcuts import redirect
+from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from capabilities import llm
 from config.errors import ServiceError
-from workspaces.access import workspaces_for
+from workspaces.access import may_act, workspaces_for
+from workspaces.api import require_or_superuser
 from workspaces.models import Permission, Workspace
 
 from . import services
+from .admin_forms import PrettyJSONField, RerunForm, ResolveForm
 from .authoring import drafts
 from .dispatcher import DispatchError
-from .models import Automation, AutomationVersion, DomainEvent, Draft, Run, StepRun
-
-
-class DefinitionField(forms.JSONField):
-    widget = forms.Textarea(
-        attrs={"rows": 30, "cols": 110, "style": "font-family: monospace", "spellcheck": "false"}
-    )
+from .models import (
+    ACTIVE_RUN_STATUSES,
+    Automation,
+    AutomationVersion,
+    DomainEvent,
+    Draft,
+    Run,
+    RunStatus,
+    StepRun,
+)
 
 
 class AutomationForm(forms.ModelForm):
-    definition = DefinitionField(help_text="The automation definition (JSON). See /api/v1/schema/definition.")
+    definition = PrettyJSONField(help_text="The automation definition (JSON). See /api/v1/schema/definition.")
 
     class Meta:
         model = Automation
@@ -154,17 +161,37 @@ class AutomationAdmin(WorkspaceScopedAdmin):
         self.message_user(request, f"resumed {queryset.count()} automation(s)")
 
 
+STATUS_COLOURS = {
+    "succeeded": "#2e7d32", "failed": "#c62828", "timed_out": "#c62828", "needs_attention": "#ef6c00",
+    "awaiting_approval": "#6a1b9a", "running": "#1565c0", "queued": "#555", "waiting": "#555", "cancelled": "#777",
+}  # fmt: skip
+
+
+def coloured_status(status: str | None):
+    if not status:
+        return "-"
+    return format_html('<b style="color:{}">{}</b>', STATUS_COLOURS.get(status, "inherit"), status)
+
+
+def _pretty(value) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+
+
 @admin.register(Run)
 class RunAdmin(WorkspaceScopedAdmin):
-    list_display = ["id", "automation", "status", "trigger_type", "created_at", "finished_at", "cost_usd"]
+    list_display = ["short_id", "automation", "run_status", "error_summary", "trigger_type", "created_at",
+                    "duration", "cost_usd"]  # fmt: skip
+    list_display_links = ["short_id"]
+    list_select_related = ["automation"]
     list_filter = ["status", "trigger_type", "queue", "workspace"]
     search_fields = ["id", "trace_id", "automation__name"]
     date_hierarchy = "created_at"
     actions = ["cancel", "rerun", "resolve_succeeded", "resolve_retry", "resolve_failed"]
-    readonly_fields = ["automation", "automation_version", "status", "trigger_type", "trigger_key", "triggered_by",
-                       "trace_id", "queue", "inputs", "output", "error", "cost_usd", "created_at", "started_at",
-                       "finished_at", "timeline"]  # fmt: skip
+    readonly_fields = ["automation", "automation_version", "run_status", "links", "trigger_type", "trigger_key",
+                       "triggered_by", "trace_id", "queue", "pretty_inputs", "pretty_output", "pretty_error",
+                       "cost_usd", "created_at", "started_at", "finished_at", "duration", "timeline"]  # fmt: skip
     fields = readonly_fields
+    change_form_template = "admin/automations/run/change_form.html"
 
     def has_add_permission(self, request):
         return False
@@ -175,29 +202,159 @@ class RunAdmin(WorkspaceScopedAdmin):
     def has_delete_permission(self, request, obj=None):
         return False
 
+    # --- list columns ----------------------------------------------------------------
+
+    @admin.display(description="run", ordering="id")
+    def short_id(self, run: Run) -> str:
+        return str(run.pk)[:8]
+
+    @admin.display(description="status", ordering="status")
+    def run_status(self, run: Run):
+        return coloured_status(run.status)
+
+    @admin.display(description="error")
+    def error_summary(self, run: Run) -> str:
+        error = run.error if isinstance(run.error, dict) else None
+        if not error:
+            return ""
+        message = str(error.get("message", ""))
+        return f"{error.get('code', '')}: {message[:80]}{'…' if len(message) > 80 else ''}"
+
+    @admin.display(description="duration")
+    def duration(self, run: Run) -> str:
+        if run.started_at is None:
+            return ""
+        seconds = ((run.finished_at or timezone.now()) - run.started_at).total_seconds()
+        text = f"{seconds:.1f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+        return text if run.finished_at else f"{text} so far"
+
+    # --- the run page ----------------------------------------------------------------
+
+    @admin.display(description="inputs")
+    def pretty_inputs(self, run: Run):
+        return format_html("<pre>{}</pre>", _pretty(run.inputs))
+
+    @admin.display(description="output")
+    def pretty_output(self, run: Run):
+        return format_html("<pre>{}</pre>", _pretty(run.output)) if run.output is not None else "-"
+
+    @admin.display(description="error")
+    def pretty_error(self, run: Run):
+        return format_html("<pre>{}</pre>", _pretty(run.error)) if run.error else "-"
+
+    @admin.display(description="see also")
+    def links(self, run: Run):
+        approvals = reverse("admin:approvals_approval_changelist") + f"?run_id={run.pk}"
+        trace = reverse("admin:audit_auditevent_changelist") + f"?trace_id={run.trace_id}"
+        items = [(approvals, "approvals-link", "its approvals"), (trace, "trace-link", "its audit trace")]
+        if run.parent_run_id:
+            items.append((reverse("admin:automations_run_change", args=[run.parent_run_id]), "parent-link",
+                          f"the run it re-runs ({str(run.parent_run_id)[:8]})"))  # fmt: skip
+        children = reverse("admin:automations_run_changelist") + f"?parent_run={run.pk}"
+        items.append((children, "children-link", "its re-runs"))
+        return format_html_join(" · ", '<a href="{}" id="{}">{}</a>', items)
+
     @admin.display(description="step timeline")
     def timeline(self, run: Run):
         rows = run.steps.order_by("-phase", "index")
         header = format_html(
             "<tr><th>phase</th><th>step</th><th>action</th><th>status</th><th>attempt</th>"
-            "<th>started</th><th>duration ms</th><th>error</th></tr>"
+            "<th>started</th><th>duration ms</th><th>error</th><th>config (rendered, redacted)</th>"
+            "<th>output</th></tr>"
         )
         body = format_html_join(
-            "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
-            ((s.phase, s.step_id, s.action, s.status, s.attempt, s.started_at or "",
+            "", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
+                "<td>{}</td><td>{}</td></tr>",
+            ((s.phase, s.step_id, s.action, coloured_status(s.status), s.attempt, s.started_at or "",
               f"{s.duration_ms:.1f}" if s.duration_ms is not None else "",
-              f"{s.error_code}: {s.error_message}" if s.error_code else "") for s in rows),
+              f"{s.error_code}: {s.error_message}" if s.error_code else "",
+              _folded(s.rendered_config), _folded(s.output)) for s in rows),
         )  # fmt: skip
-        return format_html("<table>{}{}</table>", header, body)
+        return format_html('<table id="step-timeline">{}{}</table>', header, body)
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        run = self.get_object(request, object_id)
+        extra = {}
+        if run is not None:
+            may_operate = may_act(request.user, run.workspace_id, Permission.OPERATE)
+            extra = {"may_cancel": may_operate and run.status in ACTIVE_RUN_STATUSES,
+                     "may_rerun": may_operate and run.status not in ACTIVE_RUN_STATUSES,
+                     "may_resolve": may_operate and run.status == RunStatus.NEEDS_ATTENTION}  # fmt: skip
+        return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
+
+    def get_urls(self):
+        return [
+            path("<uuid:object_id>/cancel/", self.admin_site.admin_view(self.cancel_view), name="automations_run_cancel"),
+            path("<uuid:object_id>/rerun/", self.admin_site.admin_view(self.rerun_view), name="automations_run_rerun"),
+            path("<uuid:object_id>/resolve/", self.admin_site.admin_view(self.resolve_view),
+                 name="automations_run_resolve"),
+        ] + super().get_urls()  # fmt: skip
+
+    def _operable(self, request, object_id) -> Run:
+        """The run, if the user sees it (else 404); the role check is the service call's."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return get_object_or_404(self.get_queryset(request), pk=object_id)
+
+    def _action_page(self, request, run: Run, form, title: str, button: str, danger: bool = False):
+        context = {**self.admin_site.each_context(request), "opts": self.model._meta, "original": run,
+                   "title": title, "form": form, "button": button, "danger": danger,
+                   "run_url": reverse("admin:automations_run_change", args=[run.pk])}  # fmt: skip
+        return TemplateResponse(request, "admin/automations/run/action.html", context)
+
+    def _act(self, request, run: Run, fn, done: str):
+        """Call the service; a refusal is a message on the run page, never a 500."""
+        try:
+            require_or_superuser(request.user, run.workspace_id, Permission.OPERATE)
+            result = fn()
+        except ServiceError as exc:
+            self.message_user(request, f"run {str(run.pk)[:8]}: {exc.message}", messages.ERROR)
+            return redirect("admin:automations_run_change", run.pk)
+        self.message_user(request, done, messages.SUCCESS)
+        target = result.pk if isinstance(result, Run) else run.pk
+        return redirect("admin:automations_run_change", target)
+
+    def cancel_view(self, request, object_id):
+        run = self._operable(request, object_id)
+        if request.method == "POST":
+            return self._act(request, run, lambda: services.run_cancel(run=run, user=request.user),
+                             f"run {str(run.pk)[:8]}: cancel requested")  # fmt: skip
+        return self._action_page(request, run, None, f"Cancel run {str(run.pk)[:8]}?", "Yes, cancel the run",
+                                 danger=True)  # fmt: skip
+
+    def rerun_view(self, request, object_id):
+        run = self._operable(request, object_id)
+        form = RerunForm(request.POST if request.method == "POST" else None, run=run)
+        if form.is_bound and form.is_valid():
+            step = form.cleaned_data["from_step"] or None
+            return self._act(request, run, lambda: services.run_rerun(run=run, user=request.user, from_step=step),
+                             f"re-run of {str(run.pk)[:8]} queued" + (f" from step {step}" if step else ""))  # fmt: skip
+        return self._action_page(request, run, form, f"Re-run run {str(run.pk)[:8]}", "Re-run")
+
+    def resolve_view(self, request, object_id):
+        run = self._operable(request, object_id)
+        form = ResolveForm(request.POST if request.method == "POST" else None)
+        if form.is_bound and form.is_valid():
+            data = form.cleaned_data
+            return self._act(
+                request, run,
+                lambda: services.run_resolve(run=run, user=request.user, resolution=data["resolution"],
+                                             reason=data["reason"], output=data["output"]),
+                f"run {str(run.pk)[:8]}: resolved ({data['resolution']})",
+            )  # fmt: skip
+        return self._action_page(request, run, form, f"Resolve run {str(run.pk)[:8]}", "Resolve")
+
+    # --- bulk actions (the same services; each run checked for the user's role) -----------
 
     def _each(self, request, queryset, label, fn):
         for run in queryset:
             try:
+                require_or_superuser(request.user, run.workspace_id, Permission.OPERATE)
                 fn(run)
-            except services.RunActionRefused as exc:
-                self.message_user(request, f"run {run.pk}: {exc.message}", messages.ERROR)
+            except ServiceError as exc:
+                self.message_user(request, f"run {str(run.pk)[:8]}: {exc.message}", messages.ERROR)
             else:
-                self.message_user(request, f"run {run.pk}: {label}")
+                self.message_user(request, f"run {str(run.pk)[:8]}: {label}")
 
     @admin.action(description="Cancel")
     def cancel(self, request, queryset):
@@ -223,6 +380,12 @@ class RunAdmin(WorkspaceScopedAdmin):
     def resolve_failed(self, request, queryset):
         self._each(request, queryset, "failed",
                    lambda r: services.run_resolve(run=r, resolution="failed", user=request.user))  # fmt: skip
+
+
+def _folded(value):
+    if value is None:
+        return ""
+    return format_html("<details><summary>show</summary><pre>{}</pre></details>", _pretty(value))
 
 
 @admin.register(StepRun)

@@ -23,6 +23,11 @@ def has_permission(user, workspace_id: int, permission: str) -> bool:
     return role is not None and permission in ROLE_PERMISSIONS[role]
 
 
+def may_act(user, workspace_id: int, permission: str) -> bool:
+    """The admin's question: a superuser may act in every workspace (the admin shows them all)."""
+    return bool(getattr(user, "is_superuser", False)) or has_permission(user, workspace_id, permission)
+
+
 def default_workspace_for(user, permission: str = Permission.OPERATE) -> Workspace | None:
     """The caller's only workspace with ``permission``; None when ambiguous or absent."""
     candidates = list(workspaces_for(user, permission)[:2])

@@ -5,13 +5,21 @@ from __future__ import annotations
 
 from config.errors import ServiceError
 
-from .access import default_workspace_for, has_permission, workspaces_for
+from .access import default_workspace_for, has_permission, may_act, workspaces_for
 from .models import Permission, Workspace
 
 
 def require(user, workspace_id: int, permission: str) -> None:
     """Members without the permission get 403 (non-members never see the object: 404)."""
     if not has_permission(user, workspace_id, permission):
+        raise ServiceError(
+            "PERMISSION_DENIED", f"your role in this workspace does not allow '{permission}'", 403
+        )
+
+
+def require_or_superuser(user, workspace_id: int, permission: str) -> None:
+    """The admin's check: a superuser may act anywhere (the admin shows them every workspace)."""
+    if not may_act(user, workspace_id, permission):
         raise ServiceError(
             "PERMISSION_DENIED", f"your role in this workspace does not allow '{permission}'", 403
         )

@@ -1,0 +1,167 @@
+"""The run page as an operator console: Cancel, Re-run from a step and Resolve buttons through the
+services (role-checked, audited, a refusal is a message and never a 500), step configs and outputs,
+and links to the run's approvals and audit trace."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import Permission as AuthPermission
+from django.test import Client
+from django.urls import reverse
+
+from audit.models import AuditEvent
+from automations import services
+from automations.models import Run, RunStatus
+
+from .factories import definition, transform
+
+pytestmark = pytest.mark.django_db
+
+
+def staff(user) -> Client:
+    user.is_staff = True
+    user.save(update_fields=["is_staff"])
+    user.user_permissions.add(*AuthPermission.objects.filter(
+        content_type__app_label="automations", codename__in=["view_run", "view_automation"]))  # fmt: skip
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def automation(workspace, operator):
+    return services.automation_create(
+        workspace=workspace, user=operator,
+        definition=definition(transform("a", {"x": 1}, output_as="first"), transform("b", {"y": "{{ first.x }}"}),
+                              name="two-steps"),
+    )  # fmt: skip
+
+
+def _page(run: Run) -> str:
+    return reverse("admin:automations_run_change", args=[run.pk])
+
+
+def _audit(kind: str, run: Run) -> list[AuditEvent]:
+    return list(AuditEvent.objects.filter(type=kind, refs__run=str(run.pk)))
+
+
+def test_an_operator_sees_cancel_on_an_active_run_and_cancels_it(automation, operator):
+    run = services.run_create(automation=automation, inputs={}, user=operator).run
+    admin = staff(operator)
+
+    page = admin.get(_page(run)).content.decode()
+    assert 'id="cancel-button"' in page
+    assert 'id="resolve-button"' not in page
+    confirm = admin.get(reverse("admin:automations_run_cancel", args=[run.pk]))
+    assert confirm.status_code == 200 and "Yes, cancel the run" in confirm.content.decode()
+
+    response = admin.post(reverse("admin:automations_run_cancel", args=[run.pk]), follow=True)
+
+    assert response.status_code == 200
+    assert "cancel requested" in response.content.decode()
+    run.refresh_from_db()
+    assert run.status == RunStatus.CANCELLED
+    assert len(_audit("operator.run.cancelled", run)) == 1
+
+
+def test_a_viewer_gets_no_buttons_and_a_refusal_not_a_500(automation, operator, viewer):
+    run = services.run_create(automation=automation, inputs={}, user=operator).run
+    admin = staff(viewer)
+
+    page = admin.get(_page(run)).content.decode()
+    assert 'id="cancel-button"' not in page
+    response = admin.post(reverse("admin:automations_run_cancel", args=[run.pk]), follow=True)
+
+    assert response.status_code == 200
+    assert "does not allow" in response.content.decode()
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED
+    assert _audit("operator.run.cancelled", run) == []
+
+
+def test_an_outsider_cannot_reach_the_action_at_all(automation, operator, outsider):
+    run = services.run_create(automation=automation, inputs={}, user=operator).run
+
+    response = staff(outsider).post(reverse("admin:automations_run_cancel", args=[run.pk]))
+
+    assert response.status_code == 404
+    run.refresh_from_db()
+    assert run.status == RunStatus.QUEUED
+
+
+def test_cancelling_a_finished_run_is_a_message(automation, operator, drive):
+    run = drive(services.run_create(automation=automation, inputs={}, user=operator).run.pk)
+    assert run.status == RunStatus.SUCCEEDED
+
+    response = staff(operator).post(reverse("admin:automations_run_cancel", args=[run.pk]), follow=True)
+
+    assert response.status_code == 200
+    assert "a succeeded run cannot be cancelled" in response.content.decode()
+
+
+def test_rerun_from_a_chosen_step_reuses_the_earlier_output(automation, operator, drive):
+    run = drive(services.run_create(automation=automation, inputs={}, user=operator).run.pk)
+    admin = staff(operator)
+    form = admin.get(reverse("admin:automations_run_rerun", args=[run.pk])).content.decode()
+    assert '<option value="b">b</option>' in form
+
+    response = admin.post(reverse("admin:automations_run_rerun", args=[run.pk]), {"from_step": "b"})
+
+    new = Run.objects.exclude(pk=run.pk).get()
+    assert response.status_code == 302 and response["Location"] == _page(new)
+    assert new.parent_run_id == run.pk and new.step_index == 1
+    assert drive(new.pk).status == RunStatus.SUCCEEDED
+    assert len(_audit("operator.run.rerun", new)) == 2  # on both traces
+
+
+def test_resolve_needs_a_reason_and_is_audited_with_it(automation, operator):
+    run = services.run_create(automation=automation, inputs={}, user=operator).run
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.NEEDS_ATTENTION)
+    admin = staff(operator)
+    url = reverse("admin:automations_run_resolve", args=[run.pk])
+    assert 'id="resolve-button"' in admin.get(_page(run)).content.decode()
+
+    missing = admin.post(url, {"resolution": "failed", "reason": ""})
+    assert missing.status_code == 200 and "errorlist" in missing.content.decode()
+    response = admin.post(url, {"resolution": "failed", "reason": "the vendor says it never arrived"})
+
+    assert response.status_code == 302
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+    [row] = _audit("operator.run.resolved", run)
+    assert row.payload["reason"] == "the vendor says it never arrived"
+
+
+def test_resolving_a_run_that_does_not_need_attention_is_a_message(automation, operator):
+    run = services.run_create(automation=automation, inputs={}, user=operator).run
+
+    response = staff(operator).post(reverse("admin:automations_run_resolve", args=[run.pk]),
+                                    {"resolution": "retry", "reason": "why not"}, follow=True)  # fmt: skip
+
+    assert "only needs_attention runs can be resolved" in response.content.decode()
+
+
+def test_the_run_page_shows_step_configs_outputs_and_links(automation, operator, drive):
+    run = drive(services.run_create(automation=automation, inputs={}, user=operator).run.pk)
+
+    page = staff(operator).get(_page(run)).content.decode()
+
+    assert 'id="step-timeline"' in page
+    assert "&quot;y&quot;: 1" in page  # step b's rendered config
+    assert reverse("admin:approvals_approval_changelist") + f"?run_id={run.pk}" in page
+    assert reverse("admin:audit_auditevent_changelist") + f"?trace_id={run.trace_id}" in page
+
+
+def test_the_runs_list_has_a_short_id_error_and_duration(automation, operator, drive):
+    run = drive(services.run_create(automation=automation, inputs={}, user=operator).run.pk)
+    failed = services.run_create(automation=automation, inputs={}, user=operator).run
+    Run.objects.filter(pk=failed.pk).update(
+        status=RunStatus.FAILED, error={"code": "HTTP_ERROR", "message": "upstream said 503"}
+    )
+
+    page = staff(operator).get(reverse("admin:automations_run_changelist")).content.decode()
+
+    assert f">{str(run.pk)[:8]}</a>" in page
+    assert f">{run.pk}<" not in page  # the full UUID is never a cell's text (it wrapped over 4 lines)
+    assert "HTTP_ERROR: upstream said 503" in page
+    assert " s</td>" in page  # a duration
