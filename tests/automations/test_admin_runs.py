@@ -53,7 +53,8 @@ def test_an_operator_sees_cancel_on_an_active_run_and_cancels_it(automation, ope
     assert 'id="cancel-button"' in page
     assert 'id="resolve-button"' not in page
     confirm = admin.get(reverse("admin:automations_run_cancel", args=[run.pk]))
-    assert confirm.status_code == 200 and "Yes, cancel the run" in confirm.content.decode()
+    assert confirm.status_code == 200
+    assert "Yes, cancel the run" in confirm.content.decode()
 
     response = admin.post(reverse("admin:automations_run_cancel", args=[run.pk]), follow=True)
 
@@ -108,8 +109,10 @@ def test_rerun_from_a_chosen_step_reuses_the_earlier_output(automation, operator
     response = admin.post(reverse("admin:automations_run_rerun", args=[run.pk]), {"from_step": "b"})
 
     new = Run.objects.exclude(pk=run.pk).get()
-    assert response.status_code == 302 and response["Location"] == _page(new)
-    assert new.parent_run_id == run.pk and new.step_index == 1
+    assert response.status_code == 302
+    assert response["Location"] == _page(new)
+    assert new.parent_run_id == run.pk
+    assert new.step_index == 1
     assert drive(new.pk).status == RunStatus.SUCCEEDED
     assert len(_audit("operator.run.rerun", new)) == 2  # on both traces
 
@@ -122,7 +125,8 @@ def test_resolve_needs_a_reason_and_is_audited_with_it(automation, operator):
     assert 'id="resolve-button"' in admin.get(_page(run)).content.decode()
 
     missing = admin.post(url, {"resolution": "failed", "reason": ""})
-    assert missing.status_code == 200 and "errorlist" in missing.content.decode()
+    assert missing.status_code == 200
+    assert "errorlist" in missing.content.decode()
     response = admin.post(url, {"resolution": "failed", "reason": "the vendor says it never arrived"})
 
     assert response.status_code == 302
