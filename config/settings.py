@@ -248,6 +248,22 @@ AUTOPLANE_BWRAP_PATH = env.str("AUTOPLANE_BWRAP_PATH", default="bwrap")
 if AUTOPLANE_SANDBOX_BACKEND not in ("bubblewrap", "subprocess"):
     raise ImproperlyConfigured("AUTOPLANE_SANDBOX_BACKEND must be 'bubblewrap' or 'subprocess'")
 
+# Failed webhook authentication (docs/security.md, "Failed webhook authentication"): counted
+# per fixed window; past the limit a client address gets 429 without its token being
+# checked, and an automation's failed attempts get 429 (a valid token still fires).
+# The ledger records the first AUDITED rejections of an automation per window one by one,
+# the rest as one summary row with a count.
+AUTOPLANE_WEBHOOK_REJECTION_WINDOW_SECONDS = env.int("AUTOPLANE_WEBHOOK_REJECTION_WINDOW_SECONDS", default=60)
+AUTOPLANE_WEBHOOK_AUTH_FAILURES_PER_ADDRESS = env.int(
+    "AUTOPLANE_WEBHOOK_AUTH_FAILURES_PER_ADDRESS", default=30
+)
+AUTOPLANE_WEBHOOK_AUTH_FAILURES_PER_AUTOMATION = env.int(
+    "AUTOPLANE_WEBHOOK_AUTH_FAILURES_PER_AUTOMATION", default=300
+)
+AUTOPLANE_WEBHOOK_REJECTIONS_AUDITED = env.int("AUTOPLANE_WEBHOOK_REJECTIONS_AUDITED", default=10)
+if AUTOPLANE_WEBHOOK_REJECTION_WINDOW_SECONDS < 1:
+    raise ImproperlyConfigured("AUTOPLANE_WEBHOOK_REJECTION_WINDOW_SECONDS must be at least 1")
+
 # Recovery intervals: what each trades off is in docs/operations.md, "Recovery intervals".
 # A running step renews its run's lease every third of it; a run whose worker stopped
 # renewing for this long is recovered by the sweep (on another host; on the same host
@@ -410,5 +426,9 @@ CELERY_BEAT_SCHEDULE = {
     "relay": {"task": "autoplane.relay", "schedule": AUTOPLANE_RELAY_SECONDS},
     "expire-approvals": {"task": "autoplane.expire_approvals", "schedule": 30.0},
     "purge-expired": {"task": "autoplane.purge_expired", "schedule": 3600.0},
+    "webhook-rejections": {
+        "task": "autoplane.webhook_rejections_summarize",
+        "schedule": float(AUTOPLANE_WEBHOOK_REJECTION_WINDOW_SECONDS),
+    },
     "harvest-mcp-servers": {"task": "autoplane.harvest_mcp_servers", "schedule": 86400.0},
 }

@@ -96,3 +96,33 @@ class WebhookRateWindow(models.Model):
 
     def __str__(self) -> str:
         return f"{self.trigger_id}@{self.window_start}: {self.hits}"
+
+
+class WebhookRejectionWindow(models.Model):
+    """Rejected webhook fires counted per subject in one fixed window (see :mod:`triggers.rejections`).
+
+    Subjects: ``addr:<client address>`` and ``automation:<id>`` count failed
+    authentications (the failed-auth limiter); ``ledger:<automation id or ->``
+    counts every rejection, for the ledger's per-window summary. Incremented with
+    one atomic upsert; ``summarized_at`` is set when the window's summary row was
+    written to the ledger (the audit row itself is never updated).
+    """
+
+    subject = models.CharField(max_length=100)
+    window_start = models.BigIntegerField(help_text="window number: Unix seconds // window length")
+    count = models.PositiveIntegerField(default=0)
+    workspace = models.ForeignKey(
+        Workspace, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    summarized_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["subject", "window_start"], name="webhook_rejection_window_unique"
+            )
+        ]
+        indexes = [models.Index(fields=["window_start"], name="webhook_rejection_window_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.subject}@{self.window_start}: {self.count}"

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from celery import shared_task
 
-from . import schedules
+from . import rejections, schedules
 
 
 @shared_task(name="autoplane.fire_schedule", acks_late=True, ignore_result=True)
@@ -20,3 +20,8 @@ def fire_schedule(trigger_id: str, now: str | None = None) -> str:
     if moment is not None and moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return schedules.schedule_fire(trigger_id=trigger_id, now=moment).status
+
+
+@shared_task(name="autoplane.webhook_rejections_summarize", ignore_result=True)
+def webhook_rejections_summarize() -> int:
+    return rejections.windows_summarize()

@@ -34,7 +34,11 @@ Inputs: the body is the run's ``trigger`` payload. With an ``input_mapping`` the
 inputs are the mapped values (see :mod:`triggers.input_mapping`); without one the
 inputs are the body itself, less a top-level ``idempotency_key``.
 
-A rejection writes nothing but its audit event (and, past step 2, the rate-limit
+Failed authentication is rate-limited per client address and per automation, and
+rejections are recorded in the ledger one by one only up to a quota per window, then
+as one summary row with a count (:mod:`triggers.rejections`).
+
+A rejection writes nothing but its audit event or count (and, past step 2, the rate-limit
 count the attempt used): the run, its dedupe key and ``last_fired_at`` are written
 in one transaction that a failed dispatch rolls back.
 """
@@ -55,8 +59,6 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from audit import writer
-from audit.models import Outcome
 from automations.dispatcher import (
     Dedupe,
     DispatchError,
@@ -70,7 +72,7 @@ from config import strict_json
 from config.errors import ServiceError
 from config.strict_json import BodyInvalid
 
-from . import services
+from . import rejections, services
 from .input_mapping import MappingError, map_inputs
 from .models import Trigger, TriggerType, WebhookRateWindow
 
@@ -305,10 +307,10 @@ def _audit_rejection(request: FireRequest, trigger: Trigger | None, rejection: W
     else:  # audit in the chain of the automation that was addressed, when there is one
         automations = Automation.objects.filter(pk=addressed) if addressed else Automation.objects.none()
         workspace_id = automations.values_list("workspace_id", flat=True).first()
-    writer.append(
-        trace_id=uuid.uuid4().hex, type="webhook.rejected", outcome=Outcome.FAILURE, stage="trigger",
-        summary=f"webhook fire rejected ({rejection.http_status}): {rejection.reason}"[:500],
+    rejections.rejection_audit(
+        automation_ref=str(addressed) if workspace_id is not None else rejections.UNKNOWN_AUTOMATION,
         workspace_id=workspace_id, actor=f"webhook:{request.remote_addr or 'unknown'}",
+        summary=f"webhook fire rejected ({rejection.http_status}): {rejection.reason}"[:500],
         refs={"automation": request.automation_id[:64], "trigger": str(trigger.pk) if trigger else ""},
         payload={"status": rejection.http_status, "code": rejection.code, "reason": rejection.reason,
                  "remote_addr": request.remote_addr, "errors": rejection.errors or []},
@@ -316,11 +318,25 @@ def _audit_rejection(request: FireRequest, trigger: Trigger | None, rejection: W
     )  # fmt: skip
 
 
+def _too_many_failures(retry_after: int, reason: str) -> WebhookRejected:
+    return WebhookRejected(429, "TOO_MANY_FAILURES", "too many failed authentications; retry later",
+                           reason=reason, headers={"Retry-After": str(retry_after)})  # fmt: skip
+
+
 def webhook_fire(request: FireRequest, *, now: datetime | None = None) -> DispatchResult:
     """Authenticate, check and dispatch one fire; raises WebhookRejected (already audited)."""
-    trigger, reason, token = _authenticate(request)
+    address = request.remote_addr or "unknown"
+    trigger: Trigger | None = None
+    token: str | None = None
     try:
+        if (blocked := rejections.address_blocked(address)) is not None:
+            raise _too_many_failures(blocked, "client address blocked after failed authentications")
+        trigger, reason, token = _authenticate(request)
         if trigger is None:
+            addressed = _addressed(request)
+            limited = rejections.auth_failed(address, str(addressed) if addressed else "-")
+            if limited is not None:
+                raise _too_many_failures(limited, f"{reason}; past the failed-authentication limit")
             raise WebhookRejected(401, "UNAUTHENTICATED", "invalid or missing token", reason=reason,
                                   headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
         return _fire(trigger, request, now or timezone.now())

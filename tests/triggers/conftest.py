@@ -5,6 +5,7 @@ the real executor in-process, and webhook helpers."""
 from __future__ import annotations
 
 import pytest
+from django.core.cache import cache
 
 from automations import services
 from triggers.models import Trigger
@@ -58,3 +59,10 @@ def no_enqueue(monkeypatch):
 
     monkeypatch.setattr("automations.enqueue.publish_run", _record)
     return sent
+
+
+@pytest.fixture(autouse=True)
+def _forget_blocked_addresses():
+    """The failed-auth limiter marks blocked client addresses in the (process-local) cache."""
+    yield
+    cache.clear()

@@ -47,7 +47,8 @@ def _assert_rejected(response, status: int, *, token: str | None = None, code: s
 # --- the same 401 for every authentication failure ---------------------------------------
 
 
-def test_every_authentication_failure_answers_the_same_401(db, hook, make_automation, owner, api):
+def test_every_authentication_failure_answers_the_same_401(db, hook, make_automation, owner, api, settings):
+    settings.AUTOPLANE_WEBHOOK_REJECTIONS_AUDITED = 100  # each of them gets its own ledger row
     automation, trigger, token = hook()
     other, other_trigger, other_token = hook(name="other")
     disabled = make_automation(definition(name="disabled", triggers=[{**webhook(), "enabled": False}]))
