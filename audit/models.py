@@ -9,7 +9,8 @@ UPDATE and every DELETE on ``audit_auditevent`` (triggers of migration 0005).
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
+from django.db.models.fields.json import KeyTextTransform
 
 
 class Outcome(models.TextChoices):
@@ -49,6 +50,8 @@ class AuditEvent(models.Model):
             models.Index(fields=["trace_id", "id"], name="audit_trace_idx"),
             models.Index(fields=["type", "id"], name="audit_type_idx"),
             models.Index(fields=["workspace_id", "id"], name="audit_workspace_idx"),
+            # ?run= of the API (audit.selectors.audit_events filters on this very expression).
+            models.Index(KeyTextTransform("run", "refs"), F("id"), name="audit_run_ref_idx"),
             models.Index(fields=["chain", "id"], condition=Q(seq__isnull=True), name="audit_unsequenced_idx"),
         ]
 

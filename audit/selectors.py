@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from django.db import connection
 from django.db.models import Q, QuerySet
+from django.db.models.fields.json import KeyTextTransform
 
 from .models import AuditEvent
 
@@ -14,16 +16,21 @@ def audit_events(
     type: str | None = None,
     run: str | None = None,
 ) -> QuerySet[AuditEvent]:
-    """Events of the given workspaces (ids or an id subquery), oldest first."""
+    """Events of the given workspaces (a list of ids), oldest first."""
     events = AuditEvent.objects.filter(workspace_id__in=workspace_ids)
     if trace_id:
         events = events.filter(trace_id=trace_id)
     if type:
         events = events.filter(type=type)
     if run:
-        # refs.run is whatever id the engine wrote: match it as text or as a number.
-        match = Q(refs__run=run)
-        if run.isdigit():
-            match |= Q(refs__run=int(run))
-        events = events.filter(match)
+        if connection.vendor == "postgresql":
+            # The very expression of the index audit_run_ref_idx (refs ->> 'run'), so the
+            # planner uses it; ->> gives a number as its text, so 41 matches "41" too.
+            events = events.alias(run_ref=KeyTextTransform("run", "refs")).filter(run_ref=run)
+        else:
+            # SQLite compares JSON values: match the id as text or as a number.
+            match = Q(refs__run=run)
+            if run.isdigit():
+                match |= Q(refs__run=int(run))
+            events = events.filter(match)
     return events.order_by("id")

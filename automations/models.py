@@ -81,8 +81,9 @@ FINAL_RUN_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED
 
 class Run(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="runs")
-    automation = models.ForeignKey(Automation, on_delete=models.CASCADE, related_name="runs")
+    # No single-column indexes on these two: the composite indexes below lead with them.
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="runs", db_index=False)
+    automation = models.ForeignKey(Automation, on_delete=models.CASCADE, related_name="runs", db_index=False)
     automation_version = models.PositiveIntegerField()
     snapshot = models.JSONField(help_text="The exact definition this run executes.")
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
@@ -122,8 +123,11 @@ class Run(models.Model):
     class Meta:
         ordering = ["-created_at"]
         indexes = [
-            models.Index(fields=["automation", "-created_at"], name="run_automation_idx"),
-            models.Index(fields=["workspace", "status", "-created_at"], name="run_ws_status_idx"),
+            # The run lists' keyset order (-created_at, -id): across workspaces, and in one.
+            models.Index(fields=["-created_at", "-id"], name="run_created_idx"),
+            models.Index(fields=["workspace", "-created_at", "-id"], name="run_ws_created_idx"),
+            models.Index(fields=["automation", "-created_at", "-id"], name="run_automation_idx"),
+            models.Index(fields=["workspace", "status", "-created_at", "-id"], name="run_ws_status_idx"),
             models.Index(fields=["status", "lease_expires_at"], name="run_status_lease_idx"),
             models.Index(fields=["automation", "concurrency_key", "status"], name="run_concurrency_idx"),
         ]

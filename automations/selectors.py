@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from workspaces.access import workspaces_for
+from workspaces.access import workspace_ids_for, workspaces_for
 from workspaces.models import Permission
 
 from .models import Automation, Run
@@ -18,9 +18,9 @@ def automations_visible_to(user) -> QuerySet[Automation]:
 
 def runs_visible_to(user) -> QuerySet[Run]:
     return (
-        Run.objects.filter(workspace__in=workspaces_for(user, Permission.VIEW))
+        Run.objects.filter(workspace_id__in=workspace_ids_for(user, Permission.VIEW))
         .select_related("workspace", "automation")
-        .order_by("-created_at")
+        .order_by("-created_at", "-id")
     )
 
 

@@ -134,4 +134,4 @@ def test_lists_never_show_another_workspace(acme, outsider, url):
 def test_trace_of_another_workspace_is_empty(acme, outsider):
     response = outsider.get(f"/api/v1/audit?trace_id={acme['run'].trace_id}")
     assert response.status_code == 200
-    assert response.json()["count"] == 0
+    assert response.json()["results"] == []

@@ -14,6 +14,12 @@ def workspaces_for(user, permission: str = Permission.VIEW) -> QuerySet[Workspac
     return Workspace.objects.filter(memberships__user=user, memberships__role__in=roles)
 
 
+def workspace_ids_for(user, permission: str = Permission.VIEW) -> list[int]:
+    """The ids of ``workspaces_for``, resolved now: a concrete ``IN (1, 2, 3)`` lets the
+    planner estimate a big table's rows per workspace, where a subquery leaves it guessing."""
+    return list(workspaces_for(user, permission).values_list("id", flat=True))
+
+
 def has_permission(user, workspace_id: int, permission: str) -> bool:
     if not user or not user.is_authenticated:
         return False

@@ -14,7 +14,8 @@ from rest_framework.response import Response
 from audit import selectors, signing
 from audit.verify import verify_all
 from audit.writer import chain_for
-from workspaces.access import workspaces_for
+from config.pagination import AuditPagination
+from workspaces.access import workspace_ids_for, workspaces_for
 from workspaces.models import Permission
 
 from .serializers import (
@@ -27,7 +28,7 @@ from .serializers import (
 
 class _VisibleEventsMixin:
     def visible_workspace_ids(self):
-        return workspaces_for(self.request.user, Permission.VIEW).values("id")
+        return workspace_ids_for(self.request.user, Permission.VIEW)
 
 
 @extend_schema(
@@ -35,6 +36,7 @@ class _VisibleEventsMixin:
 )
 class AuditEventListView(_VisibleEventsMixin, generics.ListAPIView):
     serializer_class = AuditEventSerializer
+    pagination_class = AuditPagination
 
     def get_queryset(self):
         query = AuditQuerySerializer(data=self.request.query_params)

@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 
 from config.errors import InvalidArgument, ServiceError
 from config.openapi import errors
+from config.pagination import RunPagination
 from workspaces.api import require, workspace_for_write
 from workspaces.models import Permission
 
@@ -148,6 +149,7 @@ class AutomationRun(APIView):
 @extend_schema(parameters=[RunQuery], summary="Runs in your workspaces (newest first)")
 class RunList(generics.ListAPIView):
     serializer_class = RunListOut
+    pagination_class = RunPagination
 
     def get_queryset(self):
         query = RunQuery(data=self.request.query_params)

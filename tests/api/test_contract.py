@@ -195,11 +195,11 @@ def test_an_undeclared_method_on_drafts_is_405_even_without_an_llm(api, settings
 
 
 def test_a_page_that_is_not_a_number_is_400_and_one_past_the_end_404(api):
-    assert api.get("/api/v1/runs?page=1").status_code == 200
+    assert api.get("/api/v1/automations?page=1").status_code == 200
     for page in ("", "abc", "0", "-1", "1.5"):
-        response = api.get(f"/api/v1/runs?page={page}")
+        response = api.get(f"/api/v1/automations?page={page}")
         assert response.status_code == 400, page
         assert response.json()["errors"][0]["path"] == "/page"
-    past = api.get("/api/v1/runs?page=2")
+    past = api.get("/api/v1/automations?page=2")
     assert past.status_code == 404
     assert past.json()["error"]["message"] == "page 2 does not exist"
