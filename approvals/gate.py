@@ -39,6 +39,7 @@ from jsonschema.exceptions import SchemaError
 from audit import writer
 from audit.models import Outcome
 from audit.redaction import redact
+from config import instruments
 from workspaces.models import Workspace
 
 from . import tokens
@@ -276,6 +277,7 @@ def _create(request: GateRequest, now: datetime) -> Verdict:
         expires_at=now + timedelta(seconds=max(1, int(request.expires_in_seconds))),
     )
     refs = {"approval": str(approval.pk)}
+    instruments.approval_event("requested")
     _audit(request, "gate.required", f"{request.step_id}: {approval.why}", refs=refs,
            payload={"risk": request.risk, "reasons": request.reasons, "action": request.action,
                     "capability": request.capability_id})  # fmt: skip
@@ -296,9 +298,10 @@ def _invalidate(request: GateRequest, approval: Approval, reason: str, summary: 
 
 
 def _expire_now(request: GateRequest, approval: Approval, now: datetime) -> Verdict:
-    Approval.objects.filter(pk=approval.pk, status=ApprovalStatus.PENDING).update(
+    if Approval.objects.filter(pk=approval.pk, status=ApprovalStatus.PENDING).update(
         status=ApprovalStatus.EXPIRED, decided_at=now, settled_at=now
-    )
+    ):
+        instruments.approval_event(ApprovalStatus.EXPIRED)
     _audit(request, "approval.expired", f"{request.step_id}: the approval expired undecided", Outcome.FAILURE,
            refs={"approval": str(approval.pk)})  # fmt: skip
     return Verdict("expired", _ENDED[ApprovalStatus.EXPIRED], approval_id=str(approval.pk))

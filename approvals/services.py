@@ -25,6 +25,7 @@ from jsonschema.exceptions import SchemaError
 
 from audit import writer
 from audit.models import Outcome
+from config import instruments
 from config.celery import app
 from config.errors import ServiceError
 from workspaces.access import has_permission
@@ -166,6 +167,7 @@ def _transition(approval: Approval, **fields: Any) -> None:
     updated = Approval.objects.filter(pk=approval.pk, status=ApprovalStatus.PENDING).update(**fields)
     if not updated:
         raise ApprovalError("CONFLICT", "this approval was decided by someone else just now", 409)
+    instruments.approval_event(str(fields["status"]))
 
 
 # --- expiry sweep ------------------------------------------------------------------

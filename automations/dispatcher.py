@@ -24,6 +24,7 @@ from jsonschema import Draft202012Validator
 
 from audit import writer
 from audit.models import Outcome
+from config import instruments
 from config.celery import QUEUE_FAST, QUEUE_LONG, QUEUE_MEDIUM
 from config.errors import ServiceError
 
@@ -199,6 +200,7 @@ def dispatch(request: DispatchRequest) -> DispatchResult:
         if request.dedupe is not None:
             replay = _claim_dedupe(request.dedupe)
             if replay is not None:
+                instruments.fired(trigger_type=request.trigger_type, result="replayed")
                 return replay
         admission, automation = admit(automation, concurrency_key)
         snapshot = automation.definition
@@ -212,6 +214,7 @@ def dispatch(request: DispatchRequest) -> DispatchResult:
             )  # fmt: skip
             if request.dedupe is not None:
                 DispatchKey.objects.filter(scope=request.dedupe.scope, key=request.dedupe.key).delete()
+            instruments.fired(trigger_type=request.trigger_type, result="suppressed")
             return DispatchResult(run=None, suppressed=True)
         hold = admission == Admission.HOLD
         now = timezone.now()
@@ -246,6 +249,7 @@ def dispatch(request: DispatchRequest) -> DispatchResult:
             payload={"trigger_type": request.trigger_type, "trigger_key": request.trigger_key,
                      "queue": run.queue, "inputs": inputs, "held": hold},
         )  # fmt: skip
+        instruments.fired(trigger_type=request.trigger_type, result="created")
         if not hold:
             run_enqueue(run)
     return DispatchResult(run=run, created=True)

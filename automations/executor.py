@@ -38,6 +38,7 @@ from django.utils import timezone
 from audit.models import Outcome
 from audit.redaction import redact
 from capabilities.base import AwaitingApproval, Envelope, ErrorCode, StepFailure
+from config import instruments
 
 from . import definition as defs
 from . import gating, steps
@@ -131,6 +132,8 @@ class Executor(RunRecorder):
             return
         self.run.first_claim = False
         queued_ms = (self.run.started_at - self.run.created_at).total_seconds() * 1000
+        instruments.run_started(queue=self.run.queue, enqueued_at=self.run.enqueued_at or self.run.created_at,
+                                started_at=self.run.started_at)  # fmt: skip
         self._audit("run.started", f"run started on {self.run.queue}", payload={"queue_wait_ms": queued_ms})
 
     def _recover(self) -> bool:
@@ -145,6 +148,8 @@ class Executor(RunRecorder):
         if capability is not None and capability.safe_to_retry:
             with transaction.atomic(savepoint=False):
                 self._save_step(step_run, status=StepStatus.PENDING)
+                instruments.run_recovered(outcome="retried")
+                instruments.step_outcome(action=step["action"], outcome="recovered")
                 self._audit("step.recovered", f"{step_id}: worker lost mid-step; safe to retry",
                             refs={"step": step_id}, payload={"attempt": step_run.attempt})  # fmt: skip
             return True
@@ -156,6 +161,8 @@ class Executor(RunRecorder):
                 output=Envelope.failure(ErrorCode.OUTCOME_UNKNOWN, message, retryable=False).as_dict(),
             )  # fmt: skip
             error = {"code": ErrorCode.OUTCOME_UNKNOWN, "message": message, "step_id": step_id}
+            instruments.run_recovered(outcome="needs_attention")
+            instruments.step_outcome(action=step["action"], outcome="outcome_unknown")
             self._update_run(
                 status=RunStatus.NEEDS_ATTENTION, error=error, claimed_by="", lease_expires_at=None
             )

@@ -24,6 +24,7 @@ from audit import writer
 from audit.models import Outcome
 from audit.redaction import redact
 from capabilities.base import CostMeter, Envelope, ErrorCode, StepFailure
+from config import instruments
 
 from . import definition as defs
 from . import events
@@ -110,6 +111,8 @@ class RunRecorder:
                 self._audit("step.started", f"{step_id} started (attempt {attempt})", refs={"step": step_id},
                             payload={"action": step["action"]})  # fmt: skip
             verb = "is waiting" if status == StepStatus.WAITING else "succeeded"
+            instruments.step_outcome(action=step["action"], outcome=status, started_at=step_run.started_at,
+                                     finished_at=step_run.finished_at)  # fmt: skip
             self._audit(f"step.{status}", f"{step_id} {verb}" + (f": {envelope.summary}" if envelope.summary else ""),
                         Outcome.SUCCESS, refs={"step": step_id}, payload=spent(envelope))  # fmt: skip
 
@@ -117,6 +120,7 @@ class RunRecorder:
         with transaction.atomic(savepoint=False):
             now = timezone.now()
             self._save_step(step_run, status=StepStatus.SKIPPED, started_at=now, finished_at=now)
+            instruments.step_outcome(action=step["action"], outcome=StepStatus.SKIPPED)
             self._update_run(step_index=self.run.step_index + 1)
             self._audit(
                 "step.skipped", f"{step['step_id']} skipped: 'when' was false", refs={"step": step["step_id"]}
@@ -160,6 +164,8 @@ class RunRecorder:
             self._save_step(step_run, status=StepStatus.CANCELLED, attempt=attempt, rendered_config=config,
                             output=envelope.as_dict(), error_code=ErrorCode.CANCELLED, error_message=what[:500],
                             finished_at=timezone.now())  # fmt: skip
+            instruments.step_outcome(action=step["action"], outcome=StepStatus.CANCELLED,
+                                     started_at=step_run.started_at, finished_at=step_run.finished_at)  # fmt: skip
             self._audit("step.cancelled", f"{step_id} interrupted by a cancel: {what}", Outcome.FAILURE,
                         refs={"step": step_id}, payload={"action": step["action"], "interrupted": what})  # fmt: skip
         self._finish(RunStatus.CANCELLED, error={"code": ErrorCode.CANCELLED, "message": "cancelled by an operator",
@@ -183,6 +189,8 @@ class RunRecorder:
             )  # fmt: skip
             if envelope.cost_usd:
                 self._update_run(cost_usd=Decimal(self.run.cost_usd) + envelope.cost_usd)
+            instruments.step_outcome(action=step["action"], outcome="retrying" if retry else StepStatus.FAILED,
+                                     started_at=started_at, finished_at=now)  # fmt: skip
             if not started:
                 self._audit("step.started", f"{step_id} started (attempt {attempt})", refs={"step": step_id},
                             payload={"action": step["action"]})  # fmt: skip
@@ -249,6 +257,8 @@ class RunRecorder:
         with transaction.atomic(savepoint=False):
             self._update_run(status=status, output=output, error=error, finished_at=timezone.now(),
                              claimed_by="", lease_expires_at=None)  # fmt: skip
+            instruments.run_finished(status=status, queue=self.run.queue, created_at=self.run.created_at,
+                                     finished_at=self.run.finished_at)  # fmt: skip
             if status != RunStatus.SUCCEEDED:
                 self._skip_unreached(status)
             outcome = Outcome.SUCCESS if status == RunStatus.SUCCEEDED else Outcome.FAILURE

@@ -19,6 +19,7 @@ from approvals.services import approvals_invalidate_for_run
 from audit import writer
 from audit.models import Outcome
 from capabilities.credentials import credential_grants
+from config import instruments
 from config.errors import InvalidArgument, ServiceError
 from workspaces.models import Workspace
 
@@ -196,6 +197,8 @@ def run_cancel(*, run: Run, user=None) -> Run:
             error_message="cancelled while waiting for its timer",
         )  # fmt: skip
         summary = "run cancelled"
+        instruments.run_finished(status=RunStatus.CANCELLED, queue=run.queue, created_at=run.created_at,
+                                 finished_at=timezone.now())  # fmt: skip
         approvals_invalidate_for_run(
             run_id=run.pk, actor=writer.actor_for(user), reason="the run was cancelled"
         )
@@ -301,6 +304,8 @@ def run_resolve(*, run: Run, resolution: str, user=None, reason: str = "", outpu
     if run.status == RunStatus.QUEUED:
         run_enqueue(run)
     else:
+        instruments.run_finished(status=run.status, queue=run.queue, created_at=run.created_at,
+                                 finished_at=run.finished_at)  # fmt: skip
         transaction.on_commit(lambda: run_settled(run))
     return run
 

@@ -20,12 +20,13 @@ This middleware comes first, so that it also sees what the middleware after it a
 from __future__ import annotations
 
 import logging
+import time
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import JsonResponse
 
-from . import strict_json
+from . import instruments, strict_json
 from .api_errors import _CODES, NOT_FOUND_MESSAGE, json_error
 
 logger = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ logger = logging.getLogger(__name__)
 _JSON_PREFIXES = ("/api/", "/healthz")
 _HTML_PREFIXES = ("/api/v1/approvals/link/", "/api/docs/")  # pages for a browser
 _WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _MESSAGES = {404: NOT_FOUND_MESSAGE, 500: "internal error", 400: "bad request"}
 
 
@@ -97,3 +99,23 @@ class JsonErrorMiddleware:
             logger.exception("unhandled error on %s", request.path, exc_info=exception)
             return json_error(500, "INTERNAL", "internal error")
         return None
+
+
+class RequestMetricsMiddleware:
+    """Counts each request and its duration by method, route and status class (config.instruments).
+
+    The route is the URL pattern (``api/v1/runs/<uuid:pk>``), never the path, so ids do not
+    become series; a request no pattern matched is ``unmatched``.
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        started = time.perf_counter()
+        response = self.get_response(request)
+        match = getattr(request, "resolver_match", None)
+        route = match.route if match is not None and match.route else "unmatched"
+        instruments.http_request(method=request.method if request.method in _METHODS else "other", route=route,
+                                 status=response.status_code, seconds=time.perf_counter() - started)  # fmt: skip
+        return response

@@ -98,6 +98,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "config.middleware.RequestMetricsMiddleware",  # outermost: times and counts every answer
     "config.middleware.JsonErrorMiddleware",  # first: it also answers for what the others refuse
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -1,16 +1,18 @@
-"""``/metrics`` in the Prometheus text format, computed from the database at scrape time.
+"""``/metrics`` in the Prometheus text format: counters where things happen, gauges at scrape time.
 
-Nothing is counted in process memory: gunicorn's workers, the Celery workers
-and beat are separate processes, and the database already holds every run,
-step, approval and audit event. Each scrape runs a handful of aggregate
-queries; a section that fails (say a model another app has not migrated yet)
-is skipped and flagged in ``autoplane_scrape_errors`` instead of failing the
-scrape.
+Two kinds of series (docs/operations.md, "Metrics"):
 
-``autoplane_run_queue_wait_seconds`` and ``autoplane_step_duration_seconds``
-are histograms over a sliding window (runs started / steps finished in the last
-``WINDOW``), not cumulative counters: read them with ``histogram_quantile()``
-directly, without ``rate()``.
+- cumulative counters and histograms (``autoplane_runs_finished_total``,
+  ``autoplane_run_duration_seconds``, ...) counted in the process where the
+  event happened (:mod:`config.instruments`) and, under ``PROMETHEUS_MULTIPROC_DIR``,
+  summed over every web and worker process; plus this process's ``process_*``
+  and ``python_*`` metrics;
+- gauges of the present (live workers, backlog, active runs, pending approvals,
+  audit sequencer lag) read at scrape time with queries bounded by what is active,
+  never by history: the scrape costs the same at 1 000 runs and at 10 million.
+
+A section that fails (say a model another app has not migrated yet) is skipped
+and flagged in ``autoplane_scrape_errors`` instead of failing the scrape.
 """
 
 from __future__ import annotations
@@ -21,24 +23,38 @@ from datetime import timedelta
 
 from django.apps import apps
 from django.conf import settings
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
+from django.db.models import Count, Sum
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    REGISTRY,
+    CollectorRegistry,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from audit.sequencer import backlog as audit_backlog
+from config import instruments
 from config.celery import QUEUES
 from ops.health import broker_backlog
 
-from .models import HeartbeatKind
+from .models import Heartbeat, HeartbeatKind
 from .selectors import heartbeats_fresh, last_seen, workers_by_queue
 from .supervisor import read_state
 
 logger = logging.getLogger(__name__)
 
-WINDOW = timedelta(minutes=5)
-BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+FINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
+
+# Heartbeat rows older than this are left out of the per-worker age gauge (a worker
+# killed without a clean stop leaves its row; the sweep of history is not ours).
+HEARTBEAT_AGE_HORIZON = timedelta(hours=1)
+HEARTBEAT_AGE_LIMIT = 500
 
 
 def _model(app_label: str, name: str):
@@ -51,26 +67,6 @@ def _model(app_label: str, name: str):
 
 def _has_field(model, name: str) -> bool:
     return any(field.name == name for field in model._meta.get_fields())
-
-
-def _histogram(name: str, doc: str, label: str, queryset, *, group_by: str, start: str, end: str) -> Metric:
-    """Buckets of ``end - start`` per ``group_by`` value, counted by the database."""
-    duration = ExpressionWrapper(F(end) - F(start), output_field=DurationField())
-    buckets = {
-        f"le_{i}": Count("pk", filter=Q(duration__lte=timedelta(seconds=b))) for i, b in enumerate(BUCKETS)
-    }
-    rows = (
-        queryset.alias(duration=duration)
-        .values(group_by)
-        .annotate(total=Count("pk"), seconds=Sum("duration"), **buckets)
-        .order_by(group_by)
-    )
-    family = HistogramMetricFamily(name, doc, labels=[label])
-    for row in rows:
-        cumulative = [(str(b), row[f"le_{i}"]) for i, b in enumerate(BUCKETS)] + [("+Inf", row["total"])]
-        seconds = row["seconds"].total_seconds() if row["seconds"] is not None else 0.0
-        family.add_metric([row[group_by] or ""], cumulative, sum_value=seconds)
-    return family
 
 
 def processes() -> Iterator[Metric]:
@@ -90,6 +86,19 @@ def processes() -> Iterator[Metric]:
             "autoplane_beat_tick_age_seconds", "Seconds since a worker last executed the beat-scheduled heartbeat.",
             value=(timezone.now() - tick.seen_at).total_seconds(),
         )  # fmt: skip
+    now = timezone.now()
+    age = GaugeMetricFamily(
+        "autoplane_worker_heartbeat_age_seconds", "Seconds since each worker and beat process last wrote its "
+        "heartbeat (alive: under 30 s; a row is deleted on a clean stop).", labels=["process", "kind"],
+    )  # fmt: skip
+    recent = (
+        Heartbeat.objects.filter(kind__in=[HeartbeatKind.WORKER, HeartbeatKind.BEAT],
+                                 seen_at__gte=now - HEARTBEAT_AGE_HORIZON)
+        .order_by("-seen_at").values_list("name", "kind", "seen_at")[:HEARTBEAT_AGE_LIMIT]
+    )  # fmt: skip
+    for name, kind, seen_at in recent:
+        age.add_metric([name, kind], max(0.0, (now - seen_at).total_seconds()))
+    yield age
 
 
 def supervised() -> Iterator[Metric]:
@@ -122,36 +131,22 @@ def broker() -> Iterator[Metric]:
 
 
 def runs() -> Iterator[Metric]:
+    """Runs not yet final, by status: an index range on status, however many finished runs there are."""
     run = _model("automations", "Run")
     if run is None:
         return
-    counts = {status: 0 for status, _ in run._meta.get_field("status").choices}
-    counts.update(run.objects.order_by().values_list("status").annotate(n=Count("pk")))
-    family = GaugeMetricFamily("autoplane_runs", "Runs by status.", labels=["status"])
+    active = [status for status, _ in run._meta.get_field("status").choices if status not in FINAL_STATUSES]
+    counts = dict.fromkeys(active, 0)
+    counts.update(
+        run.objects.filter(status__in=active).order_by().values_list("status").annotate(n=Count("pk"))
+    )
+    family = GaugeMetricFamily(
+        "autoplane_runs", "Runs not yet final, by status (finished runs: autoplane_runs_finished_total).",
+        labels=["status"],
+    )  # fmt: skip
     for status, count in sorted(counts.items()):
         family.add_metric([status], count)
     yield family
-
-    # Queue wait: from the moment the dispatcher queued the run to a worker starting it.
-    start = "enqueued_at" if _has_field(run, "enqueued_at") else "created_at"
-    recent = run.objects.filter(started_at__gte=timezone.now() - WINDOW, **{f"{start}__isnull": False})
-    yield _histogram(
-        "autoplane_run_queue_wait_seconds",
-        f"Queue wait of runs started in the last {WINDOW.seconds // 60} min (sliding window).",
-        "queue", recent, group_by="queue", start=start, end="started_at",
-    )  # fmt: skip
-
-
-def steps() -> Iterator[Metric]:
-    step_run = _model("automations", "StepRun")
-    if step_run is None:
-        return
-    recent = step_run.objects.filter(finished_at__gte=timezone.now() - WINDOW, started_at__isnull=False)
-    yield _histogram(
-        "autoplane_step_duration_seconds",
-        f"Duration of steps finished in the last {WINDOW.seconds // 60} min (sliding window), by action.",
-        "action", recent, group_by="action", start="started_at", end="finished_at",
-    )  # fmt: skip
 
 
 def approvals() -> Iterator[Metric]:
@@ -193,7 +188,6 @@ SECTIONS: dict[str, Callable[[], Iterable[Metric]]] = {
     "supervised": supervised,
     "broker": broker,
     "runs": runs,
-    "steps": steps,
     "approvals": approvals,
     "audit": audit,
 }
@@ -219,8 +213,27 @@ class PlatformCollector:
         yield errors
 
 
-registry = CollectorRegistry(auto_describe=False)
-registry.register(PlatformCollector())
+class InProcessCollector:
+    """Without multiprocess mode: this process's own counters, and its process and Python metrics."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield from REGISTRY.collect()
+
+
+def build_registry(multiproc_dir: str = instruments.MULTIPROC_DIR) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PlatformCollector())
+    if multiproc_dir:
+        # Every process's counters, summed; process_* and python_* are this web process's.
+        MultiProcessCollector(registry, path=multiproc_dir)
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            registry.register(collector)
+    else:
+        registry.register(InProcessCollector())
+    return registry
+
+
+registry = build_registry()
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:

@@ -68,7 +68,7 @@ from automations.dispatcher import (
     request_hash,
 )
 from automations.models import Automation, AutomationStatus
-from config import strict_json
+from config import instruments, strict_json
 from config.errors import ServiceError
 from config.strict_json import BodyInvalid
 
@@ -343,6 +343,7 @@ def webhook_fire(request: FireRequest, *, now: datetime | None = None) -> Dispat
     except WebhookRejected as rejection:
         with transaction.atomic():
             _audit_rejection(request, trigger, rejection, token)
+        instruments.webhook_rejected(code=rejection.code)
         raise
 
 

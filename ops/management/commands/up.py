@@ -76,12 +76,26 @@ def state_file_for(port: int) -> Path:
     return Path(settings.DATA_DIR) / f"up-{port}.state.json"
 
 
+def metrics_dir_for(port: int) -> Path:
+    """Where the processes of an ``up`` on ``port`` keep their Prometheus counters (multiprocess mode)."""
+    return Path(settings.DATA_DIR) / f"metrics-{port}"
+
+
+def fresh_metrics_dir(port: int) -> Path:
+    """An empty metrics directory: counters start at zero with each ``up`` (Prometheus sees a reset)."""
+    path = metrics_dir_for(port)
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(mode=0o700, parents=True)
+    return path
+
+
 def build_specs(*, host: str, port: int, concurrency: dict[str, int], web_workers: int) -> list[ChildSpec]:
     python = sys.executable
     env = {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
         "AUTOPLANE_SUPERVISOR_STATE_FILE": str(state_file_for(port)),
+        "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir_for(port)),
     }
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         env["PYTHONWARNINGS"] = ",".join(
@@ -226,6 +240,7 @@ class Command(BaseCommand):
             return
         banner = self._banner(base, bootstrap) + try_it
         self.stdout.write(banner)
+        fresh_metrics_dir(port)
         supervisor = Supervisor(
             build_specs(host=host, port=port, concurrency=per_queue, web_workers=web_workers),
             stop_timeout=stop_timeout,
