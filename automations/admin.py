@@ -20,14 +20,12 @@ from workspaces.access import may_act, workspaces_for
 from workspaces.api import require_or_superuser
 from workspaces.models import Permission, Workspace
 
-from . import services
-from .admin_forms import PrettyJSONField, RerunForm, ResolveForm
+from . import selectors, services
+from .admin_forms import PrettyJSONField, RerunForm, ResolveForm, RunInputsForm
 from .authoring import drafts
-from .dispatcher import DispatchError
 from .models import (
     ACTIVE_RUN_STATUSES,
     Automation,
-    AutomationVersion,
     DomainEvent,
     Draft,
     Run,
@@ -35,8 +33,37 @@ from .models import (
     StepRun,
 )
 
+STATUS_COLOURS = {
+    "succeeded": "#2e7d32", "failed": "#c62828", "timed_out": "#c62828", "needs_attention": "#ef6c00",
+    "awaiting_approval": "#6a1b9a", "running": "#1565c0", "queued": "#555", "waiting": "#555", "cancelled": "#777",
+}  # fmt: skip
+
+
+def coloured_status(status: str | None):
+    if not status:
+        return "-"
+    return format_html('<b style="color:{}">{}</b>', STATUS_COLOURS.get(status, "inherit"), status)
+
+
+def _pretty(value) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+
+
+def error_text(error) -> str:
+    if not isinstance(error, dict) or not error:
+        return ""
+    message = str(error.get("message", ""))
+    return f"{error.get('code', '')}: {message[:80]}{'…' if len(message) > 80 else ''}"
+
+
+def _folded(value):
+    if value is None:
+        return ""
+    return format_html("<details><summary>show</summary><pre>{}</pre></details>", _pretty(value))
+
 
 class AutomationForm(forms.ModelForm):
+    user = None  # set by AutomationAdmin.get_form
     definition = PrettyJSONField(help_text="The automation definition (JSON). See /api/v1/schema/definition.")
 
     class Meta:
@@ -49,6 +76,8 @@ class AutomationForm(forms.ModelForm):
         # automation's own workspace, so an invalid definition is an inline error, never a 500.
         workspace = cleaned.get("workspace") if "workspace" in self.fields else self.instance.workspace
         definition = cleaned.get("definition")
+        if workspace is not None and not may_act(self.user, workspace.id, Permission.OPERATE):
+            raise forms.ValidationError("your role in this workspace does not allow editing automations")
         if workspace is not None and definition is not None:
             try:
                 services.definition_check(
@@ -58,24 +87,6 @@ class AutomationForm(forms.ModelForm):
                 problems = [f"{e['path']}: {e['message']} ({e['code']})" for e in exc.errors]
                 raise forms.ValidationError({"definition": problems}) from None
         return cleaned
-
-
-class VersionInline(admin.TabularInline):
-    model = AutomationVersion
-    extra = 0
-    can_delete = False
-    fields = ["version", "created_at", "created_by", "pretty_definition"]
-    readonly_fields = fields
-    ordering = ["-version"]
-
-    @admin.display(description="definition")
-    def pretty_definition(self, obj):
-        return format_html(
-            "<pre style='max-height:12em;overflow:auto'>{}</pre>", json.dumps(obj.definition, indent=2)
-        )
-
-    def has_add_permission(self, request, obj=None):
-        return False
 
 
 class WorkspaceScopedAdmin(admin.ModelAdmin):
@@ -94,14 +105,159 @@ class WorkspaceScopedAdmin(admin.ModelAdmin):
 @admin.register(Automation)
 class AutomationAdmin(WorkspaceScopedAdmin):
     form = AutomationForm
-    list_display = ["name", "workspace", "status", "version", "updated_at"]
+    list_display = [
+        "name",
+        "workspace",
+        "status",
+        "version",
+        "last_run",
+        "last_run_at",
+        "runs_24h",
+        "updated_at",
+    ]
     list_filter = ["status", "workspace"]
     search_fields = ["name", "id"]
-    inlines = [VersionInline]
     actions = ["run_now", "pause", "resume"]
+    change_form_template = "admin/automations/automation/change_form.html"
+    PAGES = ["recent_runs", "version_history"]
+
+    def get_queryset(self, request):
+        return selectors.with_last_run(super().get_queryset(request)).select_related("workspace")
+
+    def get_fields(self, request, obj=None):
+        if obj is None:
+            return ["workspace", "definition", "status"]
+        shown = "definition" if self.has_change_permission(request, obj) else "pretty_definition"
+        return ["workspace", shown, "status", *self.PAGES]
 
     def get_readonly_fields(self, request, obj=None):
-        return ["workspace"] if obj else []
+        return ["workspace", "pretty_definition", *self.PAGES] if obj else []
+
+    def get_form(self, request, obj=None, change=False, **kwargs):
+        form = super().get_form(request, obj, change, **kwargs)
+        form.user = request.user
+        return form
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == "workspace" and not request.user.is_superuser:
+            kwargs["queryset"] = workspaces_for(request.user, Permission.OPERATE)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    @admin.display(description="last run", ordering="last_run_status")
+    def last_run(self, automation: Automation):
+        return coloured_status(automation.last_run_status)
+
+    @admin.display(description="last run at", ordering="last_run_at")
+    def last_run_at(self, automation: Automation):
+        return automation.last_run_at or "-"
+
+    @admin.display(description="runs 24 h", ordering="runs_24h")
+    def runs_24h(self, automation: Automation) -> int:
+        return automation.runs_24h
+
+    @admin.display(description="definition")
+    def pretty_definition(self, automation: Automation):
+        return format_html('<pre id="definition">{}</pre>', _pretty(automation.definition))
+
+    @admin.display(description="recent runs")
+    def recent_runs(self, automation: Automation):
+        runs = selectors.recent_runs(automation)
+        if not runs:
+            return "none yet"
+        rows = format_html_join("", "<tr><td><a href=\"{}\">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            ((reverse("admin:automations_run_change", args=[run.pk]), str(run.pk)[:8], coloured_status(run.status),
+              run.trigger_type, run.created_at, error_text(run.error)) for run in runs))  # fmt: skip
+        more = reverse("admin:automations_run_changelist") + f"?automation__id__exact={automation.pk}"
+        return format_html('<table id="recent-runs"><tr><th>run</th><th>status</th><th>trigger</th><th>created</th>'
+                           '<th>error</th></tr>{}</table><p><a href="{}">all runs of this automation</a></p>',
+                           rows, more)  # fmt: skip
+
+    @admin.display(description="versions")
+    def version_history(self, automation: Automation):
+        rows = []
+        for version, diff in selectors.version_history(automation):
+            restore = ""
+            if version.version != automation.version:
+                url = reverse("admin:automations_automation_restore", args=[automation.pk, version.version])
+                restore = format_html('<a class="button" href="{}" id="restore-{}">Restore this version…</a>',
+                                      url, version.version)  # fmt: skip
+            shown = (format_html("<details><summary>diff from version {}</summary><pre>{}</pre></details>",
+                                 version.version - 1, diff) if diff else "first version")  # fmt: skip
+            rows.append((version.version, version.created_at, version.created_by or "-", shown, restore))
+        body = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", rows)
+        return format_html('<table id="versions"><tr><th>version</th><th>saved</th><th>by</th><th>change</th>'
+                           "<th></th></tr>{}</table>", body)  # fmt: skip
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        automation = self.get_object(request, object_id)
+        extra = {}
+        if automation is not None:
+            extra["may_run"] = may_act(request.user, automation.workspace_id, Permission.OPERATE)
+        return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
+
+    def get_urls(self):
+        return [
+            path("<uuid:object_id>/run/", self.admin_site.admin_view(self.run_view), name="automations_automation_run"),
+            path("<uuid:object_id>/restore/<int:version>/", self.admin_site.admin_view(self.restore_view),
+                 name="automations_automation_restore"),
+        ] + super().get_urls()  # fmt: skip
+
+    def _visible(self, request, object_id) -> Automation:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        return get_object_or_404(self.get_queryset(request), pk=object_id)
+
+    def _page(self, request, automation: Automation, template: str, **context):
+        return TemplateResponse(request, f"admin/automations/automation/{template}", {
+            **self.admin_site.each_context(request), "opts": self.model._meta, "original": automation,
+            "automation_url": reverse("admin:automations_automation_change", args=[automation.pk]), **context})  # fmt: skip
+
+    def run_view(self, request, object_id):
+        """Run with inputs: the same service (and input validation) as ``POST /automations/{id}/run``."""
+        automation = self._visible(request, object_id)
+        form = RunInputsForm(request.POST if request.method == "POST" else None, automation=automation)
+        if form.is_bound and form.is_valid():
+            try:
+                require_or_superuser(request.user, automation.workspace_id, Permission.OPERATE)
+                result = services.run_create(automation=automation, inputs=form.inputs(), user=request.user)
+            except ServiceError as exc:
+                if exc.errors:
+                    form.add_service_errors(exc.errors)
+                else:
+                    self.message_user(request, f"{automation.name}: {exc.message}", messages.ERROR)
+                    return redirect("admin:automations_automation_change", automation.pk)
+            else:
+                if result.suppressed:
+                    self.message_user(request, f"{automation.name}: not run, a run is active (drop_if_running)",
+                                      messages.WARNING)  # fmt: skip
+                    return redirect("admin:automations_automation_change", automation.pk)
+                self.message_user(
+                    request, f"{automation.name}: run {str(result.run.pk)[:8]} queued", messages.SUCCESS
+                )
+                return redirect("admin:automations_run_change", result.run.pk)
+        return self._page(request, automation, "run.html", form=form, title=f"Run {automation.name}")
+
+    def restore_view(self, request, object_id, version):
+        automation = self._visible(request, object_id)
+        old = get_object_or_404(automation.versions, version=version)
+        if request.method == "POST":
+            try:
+                require_or_superuser(request.user, automation.workspace_id, Permission.OPERATE)
+                saved = services.automation_version_restore(
+                    automation=automation, version=version, user=request.user
+                )
+            except ServiceError as exc:
+                problems = "; ".join(f"{e['path']}: {e['message']}" for e in exc.errors or [])
+                self.message_user(request, f"{automation.name}: {exc.message}" + (f" ({problems})" if problems else ""),
+                                  messages.ERROR)  # fmt: skip
+            else:
+                self.message_user(request, f"{saved.name}: version {version} restored as version {saved.version}",
+                                  messages.SUCCESS)  # fmt: skip
+            return redirect("admin:automations_automation_change", automation.pk)
+        diff = selectors.definition_diff(automation.definition, old.definition, f"version {automation.version} (current)",
+                                         f"version {version}")  # fmt: skip
+        return self._page(request, automation, "restore.html", version=old, diff=diff,
+                          title=f"Restore version {version} of {automation.name}?")  # fmt: skip
 
     def save_model(self, request, obj, form, change):
         data = form.cleaned_data
@@ -137,8 +293,9 @@ class AutomationAdmin(WorkspaceScopedAdmin):
     def run_now(self, request, queryset):
         for automation in queryset:
             try:
+                require_or_superuser(request.user, automation.workspace_id, Permission.OPERATE)
                 result = services.run_create(automation=automation, inputs={}, user=request.user)
-            except DispatchError as exc:
+            except ServiceError as exc:
                 self.message_user(request, f"{automation.name}: {exc.message}", messages.ERROR)
                 continue
             if result.suppressed:
@@ -148,33 +305,23 @@ class AutomationAdmin(WorkspaceScopedAdmin):
             else:
                 self.message_user(request, f"{automation.name}: run {result.run.pk} queued")
 
+    def _set_status(self, request, queryset, status: str, done: str):
+        for automation in queryset:
+            try:
+                require_or_superuser(request.user, automation.workspace_id, Permission.OPERATE)
+                services.automation_update(automation=automation, user=request.user, status=status)
+            except ServiceError as exc:
+                self.message_user(request, f"{automation.name}: {exc.message}", messages.ERROR)
+            else:
+                self.message_user(request, f"{automation.name}: {done}")
+
     @admin.action(description="Pause")
     def pause(self, request, queryset):
-        for automation in queryset:
-            services.automation_update(automation=automation, user=request.user, status="paused")
-        self.message_user(request, f"paused {queryset.count()} automation(s)")
+        self._set_status(request, queryset, "paused", "paused")
 
     @admin.action(description="Resume")
     def resume(self, request, queryset):
-        for automation in queryset:
-            services.automation_update(automation=automation, user=request.user, status="active")
-        self.message_user(request, f"resumed {queryset.count()} automation(s)")
-
-
-STATUS_COLOURS = {
-    "succeeded": "#2e7d32", "failed": "#c62828", "timed_out": "#c62828", "needs_attention": "#ef6c00",
-    "awaiting_approval": "#6a1b9a", "running": "#1565c0", "queued": "#555", "waiting": "#555", "cancelled": "#777",
-}  # fmt: skip
-
-
-def coloured_status(status: str | None):
-    if not status:
-        return "-"
-    return format_html('<b style="color:{}">{}</b>', STATUS_COLOURS.get(status, "inherit"), status)
-
-
-def _pretty(value) -> str:
-    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+        self._set_status(request, queryset, "active", "resumed")
 
 
 @admin.register(Run)
@@ -214,11 +361,7 @@ class RunAdmin(WorkspaceScopedAdmin):
 
     @admin.display(description="error")
     def error_summary(self, run: Run) -> str:
-        error = run.error if isinstance(run.error, dict) else None
-        if not error:
-            return ""
-        message = str(error.get("message", ""))
-        return f"{error.get('code', '')}: {message[:80]}{'…' if len(message) > 80 else ''}"
+        return error_text(run.error)
 
     @admin.display(description="duration")
     def duration(self, run: Run) -> str:
@@ -380,12 +523,6 @@ class RunAdmin(WorkspaceScopedAdmin):
     def resolve_failed(self, request, queryset):
         self._each(request, queryset, "failed",
                    lambda r: services.run_resolve(run=r, resolution="failed", user=request.user))  # fmt: skip
-
-
-def _folded(value):
-    if value is None:
-        return ""
-    return format_html("<details><summary>show</summary><pre>{}</pre></details>", _pretty(value))
 
 
 @admin.register(StepRun)

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+import difflib
+import json
+from datetime import timedelta
+from typing import Any
+
+from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery, Value
+from django.db.models.functions import Coalesce
+from django.utils import timezone
 
 from workspaces.access import workspace_ids_for, workspaces_for
 from workspaces.models import Permission
 
-from .models import Automation, Run
+from .models import Automation, AutomationVersion, Run
 
 
 def automations_visible_to(user) -> QuerySet[Automation]:
@@ -33,3 +40,56 @@ def automation_workspace_and_editor(automation_id) -> tuple[int, int | None] | N
     """``(workspace id, last editor id)`` of an automation, None if there is none with that id."""
     row = Automation.objects.filter(pk=automation_id).values_list("workspace_id", "updated_by_id").first()
     return (row[0], row[1]) if row else None
+
+
+def with_last_run(automations: QuerySet[Automation]) -> QuerySet[Automation]:
+    """Each automation's last run (status, time) and its runs in the last 24 h, in the same query.
+
+    Three correlated subqueries, each an index range on ``run_automation_idx``
+    (automation, -created_at): the cost grows with the page, not with the table.
+    """
+    runs = Run.objects.filter(automation=OuterRef("pk")).order_by("-created_at")
+    recent = (
+        Run.objects.filter(automation=OuterRef("pk"), created_at__gte=timezone.now() - timedelta(hours=24))
+        .order_by()
+        .values("automation")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
+    return automations.annotate(
+        last_run_status=Subquery(runs.values("status")[:1]),
+        last_run_at=Subquery(runs.values("created_at")[:1]),
+        runs_24h=Coalesce(Subquery(recent, output_field=IntegerField()), Value(0)),
+    )
+
+
+def _pretty_lines(definition: Any) -> list[str]:
+    return json.dumps(definition, indent=2, ensure_ascii=False, sort_keys=True).splitlines(keepends=True)
+
+
+def definition_diff(before: Any, after: Any, before_label: str, after_label: str) -> str:
+    return "".join(
+        difflib.unified_diff(_pretty_lines(before), _pretty_lines(after), before_label, after_label)
+    )
+
+
+def version_history(automation: Automation, limit: int = 20) -> list[tuple[AutomationVersion, str]]:
+    """The latest ``limit`` versions, newest first, each with its diff from the version before it."""
+    versions = list(automation.versions.select_related("created_by").order_by("-version")[: limit + 1])
+    history = []
+    for newer, older in zip(versions, [*versions[1:], None], strict=True):
+        if len(history) == limit:
+            break
+        diff = (
+            definition_diff(
+                older.definition, newer.definition, f"version {older.version}", f"version {newer.version}"
+            )
+            if older is not None
+            else ""
+        )
+        history.append((newer, diff))
+    return history
+
+
+def recent_runs(automation: Automation, limit: int = 10) -> list[Run]:
+    return list(automation.runs.order_by("-created_at")[:limit])

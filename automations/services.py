@@ -144,6 +144,25 @@ def automation_update(
 
 
 @transaction.atomic
+def automation_version_restore(*, automation: Automation, version: int, user=None) -> Automation:
+    """Make an earlier version's definition the current one: a new version, validated and audited."""
+    old = AutomationVersion.objects.filter(automation=automation, version=version).first()
+    if old is None:
+        raise RunActionRefused("NOT_FOUND", f"this automation has no version {version}", 404)
+    current = Automation.objects.values_list("definition", flat=True).get(pk=automation.pk)
+    if old.definition == current:
+        raise RunActionRefused("CONFLICT", f"version {version} is already the current definition")
+    saved = automation_update(automation=automation, user=user, definition=old.definition)
+    writer.append(
+        trace_id=uuid.uuid4().hex, type="automation.version_restored",
+        summary=f"automation {saved.name}: version {version} restored as version {saved.version}",
+        workspace_id=saved.workspace_id, actor=writer.actor_for(user), refs={"automation": str(saved.pk)},
+        payload={"restored": version, "version": saved.version},
+    )  # fmt: skip
+    return saved
+
+
+@transaction.atomic
 def automation_delete(*, automation: Automation, user=None) -> None:
     active = automation.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists()
     if active:

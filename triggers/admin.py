@@ -7,10 +7,24 @@ shown once, in the admin message, and never stored in plain text.
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.db.models import Prefetch
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+
+from automations.admin import AutomationAdmin
+from automations.models import Automation
 
 from . import services
 from .models import Trigger, TriggerType, WebhookRateWindow
 from .schedules import next_fire_at
+
+
+def token_state(obj: Trigger) -> str:
+    if obj.type != TriggerType.WEBHOOK:
+        return "-"
+    if not obj.token_hash:
+        return "none"
+    return "revoked" if obj.token_revoked_at else "active"
 
 
 @admin.register(Trigger)
@@ -40,11 +54,7 @@ class TriggerAdmin(admin.ModelAdmin):
 
     @admin.display(description="token")
     def token_state(self, obj: Trigger) -> str:
-        if obj.type != TriggerType.WEBHOOK:
-            return "-"
-        if not obj.token_hash:
-            return "none"
-        return "revoked" if obj.token_revoked_at else "active"
+        return token_state(obj)
 
     @admin.display(boolean=True, description="signing secret")
     def has_signing_secret(self, obj: Trigger) -> bool:
@@ -101,3 +111,79 @@ class WebhookRateWindowAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+
+def webhook_path(trigger: Trigger) -> str:
+    return reverse("automation-fire", args=[trigger.automation_id])
+
+
+class TriggeredAutomationAdmin(AutomationAdmin):
+    """The engine's automation admin with what only the triggers app knows: trigger types, the next
+    scheduled fire and each trigger's webhook URL (the engine never imports triggers)."""
+
+    list_display = [
+        *AutomationAdmin.list_display[:-1],
+        "trigger_types",
+        "next_fire",
+        AutomationAdmin.list_display[-1],
+    ]
+    PAGES = ["trigger_table", *AutomationAdmin.PAGES]
+
+    def get_queryset(self, request):
+        # One query for the page's triggers, whatever the page size.
+        return (
+            super()
+            .get_queryset(request)
+            .prefetch_related(Prefetch("triggers", queryset=Trigger.objects.order_by("key")))
+        )
+
+    @admin.display(description="triggers")
+    def trigger_types(self, automation: Automation) -> str:
+        return ", ".join(sorted({t.type for t in automation.triggers.all()})) or "manual only"
+
+    @admin.display(description="triggers")
+    def trigger_table(self, automation: Automation):
+        """What fires it, when next, and where to POST a webhook (the token is shown once, on rotate)."""
+        rows = []
+        for trigger in automation.triggers.all():
+            url = (
+                format_html('<code class="webhook-url">POST {}</code>', webhook_path(trigger))
+                if trigger.type == TriggerType.WEBHOOK
+                else "-"
+            )
+            manage = reverse("admin:triggers_trigger_change", args=[trigger.pk])
+            rows.append(
+                (
+                    manage,
+                    trigger.key,
+                    trigger.type,
+                    "yes" if trigger.enabled else "no",
+                    next_fire_at(trigger) or "-",
+                    url,
+                    token_state(trigger),
+                    trigger.last_fired_at or "-",
+                )
+            )
+        if not rows:
+            return "none: runs start from Run, the API or a re-run"
+        body = format_html_join(
+            "",
+            '<tr><td><a href="{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>'
+            "<td>{}</td><td>{}</td></tr>",
+            rows,
+        )
+        return format_html(
+            '<table id="triggers"><tr><th>key</th><th>type</th><th>enabled</th><th>next fire</th>'
+            "<th>webhook URL</th><th>token</th><th>last fired</th></tr>{}</table>"
+            "<p>Rotate a webhook's token from its trigger page (the token is shown once).</p>",
+            body,
+        )
+
+    @admin.display(description="next fire")
+    def next_fire(self, automation: Automation):
+        times = [when for t in automation.triggers.all() if (when := next_fire_at(t)) is not None]
+        return min(times) if times else "-"
+
+
+admin.site.unregister(Automation)
+admin.site.register(Automation, TriggeredAutomationAdmin)
