@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -69,6 +70,12 @@ class DispatchRequest:
     parent_run_id: Any = None
     chain_depth: int = 0
     last_fired_at: datetime | None = None
+    # The automation row when the caller already read it (a webhook's trigger lookup joins
+    # it): dispatch then reads it again only under the concurrency lock, when there is one.
+    automation: Automation | None = None
+    # Called with the new run inside the transaction that creates it (a trigger's
+    # ``last_fired_at``), so the caller needs no transaction (and savepoint) of its own.
+    on_created: Callable[[Run], None] | None = None
 
 
 @dataclass
@@ -108,6 +115,22 @@ def last_fired_at(request: DispatchRequest, automation: Automation) -> datetime:
     return previous.first() or automation.created_at
 
 
+_input_validators: dict[tuple[Any, int], Draft202012Validator] = {}
+MAX_CACHED_VALIDATORS = 1024
+
+
+def _input_validator(schema: dict[str, Any], automation: Automation) -> Draft202012Validator:
+    """The compiled input-schema validator of this automation version (a version's definition never changes)."""
+    key = (automation.pk, automation.version)
+    validator = _input_validators.get(key)
+    if validator is None or validator.schema is not schema and validator.schema != schema:
+        validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+        if len(_input_validators) >= MAX_CACHED_VALIDATORS:
+            _input_validators.clear()
+        _input_validators[key] = validator
+    return validator
+
+
 def resolve_inputs(
     snapshot: dict[str, Any], given: dict[str, Any], request: DispatchRequest, automation: Automation
 ) -> dict[str, Any]:
@@ -129,7 +152,7 @@ def resolve_inputs(
     errors = [
         {"path": "/inputs" + "".join(f"/{p}" for p in e.absolute_path), "code": "invalid_input",
          "message": e.message[:300]}
-        for e in Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER).iter_errors(inputs)
+        for e in _input_validator(schema, automation).iter_errors(inputs)
     ]  # fmt: skip
     if errors:
         raise DispatchError(
@@ -184,7 +207,9 @@ def _claim_dedupe(dedupe: Dedupe) -> DispatchResult | None:
 def dispatch(request: DispatchRequest) -> DispatchResult:
     if request.chain_depth >= MAX_CHAIN_DEPTH:
         raise DispatchError("POLICY_VIOLATION", f"event chain deeper than {MAX_CHAIN_DEPTH} automations", 409)
-    automation = Automation.objects.filter(pk=request.automation_id).first()
+    automation = request.automation
+    if automation is None or automation.pk != request.automation_id:
+        automation = Automation.objects.filter(pk=request.automation_id).first()
     if automation is None:
         raise DispatchError("NOT_FOUND", "automation not found", 404)
     snapshot = automation.definition
@@ -240,6 +265,8 @@ def dispatch(request: DispatchRequest) -> DispatchResult:
         )
         if request.dedupe is not None:
             DispatchKey.objects.filter(scope=request.dedupe.scope, key=request.dedupe.key).update(run=run)
+        if request.on_created is not None:
+            request.on_created(run)
         writer.append(
             trace_id=trace_id, type="run.created",
             summary=f"{automation.name} v{automation.version}: run created by {request.trigger_type}"

@@ -293,6 +293,13 @@ for _name in (
 # and events undelivered, RELAY_AFTER_SECONDS after they were sent. See
 # docs/operations.md, "Recovery intervals".
 AUTOPLANE_RELAY_SECONDS = env.float("AUTOPLANE_RELAY_SECONDS", default=2.0)
+# Where webhook rate-limit windows are counted: Redis (one INCR, no database commit per
+# fire) when the broker is Redis, else the database. A Redis that does not answer falls
+# back to the database for that fire.
+AUTOPLANE_RATE_LIMIT_REDIS_URL = env.str(
+    "AUTOPLANE_RATE_LIMIT_REDIS_URL",
+    default=CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else "",
+)
 AUTOPLANE_RELAY_AFTER_SECONDS = env.float("AUTOPLANE_RELAY_AFTER_SECONDS", default=5.0)
 
 # Set by `manage.py up` for its children: the supervisor's state file, read by

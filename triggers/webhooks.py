@@ -10,8 +10,9 @@ Checks, in order, each answered with a stable code and audited as
    byte for byte (one code and message, rendered by the API error handler, +
    ``WWW-Authenticate: Bearer``).
 2. The per-trigger rate limit (``rate_limit_per_minute``, default 600): a fixed
-   one-minute window counted in the database with one atomic upsert, so it holds
-   across gunicorn workers and machines; over it → 429 with ``Retry-After`` (the
+   one-minute window counted in Redis when the broker is Redis (one INCR + EXPIRE
+   round trip, no database commit per fire), else in the database with one atomic
+   upsert, so it holds across gunicorn workers and machines; over it → 429 with ``Retry-After`` (the
    seconds until the window ends).
 3. ``Content-Type: application/json`` (charset utf-8 if given), no ``Content-Encoding``
    (gzip and the like are not supported) → else 415.
@@ -47,7 +48,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hmac
+import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -56,8 +59,12 @@ from datetime import datetime
 from hashlib import sha256
 from typing import Any
 
+import redis
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from automations.dispatcher import (
     Dedupe,
@@ -75,6 +82,8 @@ from config.strict_json import BodyInvalid
 from . import rejections, services
 from .input_mapping import MappingError, map_inputs
 from .models import Trigger, TriggerType, WebhookRateWindow
+
+logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 256 * 1024
 MAX_TOKEN_CHARS = 200
@@ -143,7 +152,10 @@ def _authenticate(request: FireRequest) -> tuple[Trigger | None, str, str | None
     if token is None:
         return None, "missing or malformed Authorization header", None
     digest = services.token_hash(token)
-    trigger = Trigger.objects.select_related("automation").filter(token_hash=digest).first()
+    found = list(
+        Trigger.objects.select_related("automation").filter(token_hash=digest)[:1]
+    )  # unique: no ORDER BY
+    trigger = found[0] if found else None
     if trigger is None or not hmac.compare_digest(trigger.token_hash or "", digest):
         return None, "unknown token", token
     if trigger.automation_id != _addressed(request):
@@ -173,6 +185,36 @@ def rate_limit_hit(trigger: Trigger, limit: int, now: float | None = None) -> in
     """Count one attempt; ``None`` when within ``limit`` per minute, else the seconds to wait."""
     now = time.time() if now is None else now
     window = int(now // 60)
+    hits = _redis_hits(trigger, window) if settings.AUTOPLANE_RATE_LIMIT_REDIS_URL else None
+    if hits is None:
+        hits = _database_hits(trigger, window)
+    if hits <= limit:
+        return None
+    return max(1, int((window + 1) * 60 - now + 0.999))
+
+
+@functools.cache
+def _redis_client(url: str) -> redis.Redis:
+    # One attempt: a Redis that does not answer costs a fire one timeout, not several backoffs.
+    return redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0,
+                                retry=Retry(NoBackoff(), 0))  # fmt: skip
+
+
+def _redis_hits(trigger: Trigger, window: int) -> int | None:
+    """The window's count after this attempt, in one round trip (INCR + EXPIRE); None if Redis fails."""
+    key = f"autoplane:webhook-rate:{trigger.pk}:{window}"
+    try:
+        pipe = _redis_client(settings.AUTOPLANE_RATE_LIMIT_REDIS_URL).pipeline(transaction=False)
+        pipe.incr(key)
+        pipe.expire(key, 120)  # the window and the next: nothing to clean up
+        return int(pipe.execute()[0])
+    except redis.RedisError as exc:
+        logger.warning("webhook rate limit: Redis failed (%r); counting in the database", exc)
+        return None
+
+
+def _database_hits(trigger: Trigger, window: int) -> int:
+    """The window's count after this attempt: one atomic upsert (its own implicit transaction)."""
     table = connection.ops.quote_name(WebhookRateWindow._meta.db_table)
     trigger_id = Trigger._meta.pk.get_db_prep_value(trigger.pk, connection)
     with connection.cursor() as cursor:
@@ -185,9 +227,7 @@ def rate_limit_hit(trigger: Trigger, limit: int, now: float | None = None) -> in
         if hits == 1:  # a new window: forget the ones before the previous
             cursor.execute(f"DELETE FROM {table} WHERE trigger_id = %s AND window_start < %s",  # noqa: S608
                            [trigger_id, window - 1])  # fmt: skip
-    if hits <= limit:
-        return None
-    return max(1, int((window + 1) * 60 - now + 0.999))
+    return hits
 
 
 # --- body ------------------------------------------------------------------------------
@@ -375,20 +415,20 @@ def _fire(trigger: Trigger, request: FireRequest, now: datetime) -> DispatchResu
         raise WebhookRejected(422, "UNPROCESSABLE", f"the trigger's {exc}",
                               reason=f"input mapping: {exc}") from None  # fmt: skip
     dedupe = Dedupe(scope=f"trigger:{trigger.pk}", key=key, request_hash=request_hash(body)) if key else None
+
+    def fired(run) -> None:  # in the transaction that creates the run
+        Trigger.objects.filter(pk=trigger.pk).update(last_fired_at=now)
+
     try:
-        with transaction.atomic():
-            result = dispatch(
-                DispatchRequest(
-                    automation_id=trigger.automation_id, inputs=inputs, trigger_type="webhook",
-                    trigger_key=trigger.key, trigger_id=trigger.pk, trigger_payload=body,
-                    triggered_by=f"webhook:{trigger.key}", dedupe=dedupe,
-                    last_fired_at=trigger.last_fired_at or trigger.created_at,
-                    principal_ids=webhook_principals(trigger),
-                )
-            )  # fmt: skip
-            if result.created:
-                Trigger.objects.filter(pk=trigger.pk).update(last_fired_at=now)
+        return dispatch(
+            DispatchRequest(
+                automation_id=trigger.automation_id, inputs=inputs, trigger_type="webhook",
+                trigger_key=trigger.key, trigger_id=trigger.pk, trigger_payload=body,
+                triggered_by=f"webhook:{trigger.key}", dedupe=dedupe,
+                last_fired_at=trigger.last_fired_at or trigger.created_at,
+                principal_ids=webhook_principals(trigger), automation=trigger.automation, on_created=fired,
+            )
+        )  # fmt: skip
     except DispatchError as exc:
         raise WebhookRejected(exc.http_status, exc.code, exc.message, reason=f"dispatch: {exc.code}",
                               errors=exc.errors) from None  # fmt: skip
-    return result

@@ -11,13 +11,15 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 
 import pytest
+import redis
+from django.conf import settings
 from django.db import OperationalError, connection
 from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
 from automations.models import Run
 from triggers import webhooks
-from triggers.models import Trigger
+from triggers.models import Trigger, WebhookRateWindow
 from triggers.services import trigger_signing_secret_rotate, trigger_token_revoke, trigger_token_rotate
 
 from .factories import definition, fire, webhook
@@ -453,6 +455,33 @@ def test_the_rate_limit_counts_per_trigger_in_one_minute_windows(db, hook):
     assert hits == [None, None, None, 37]
     assert webhooks.rate_limit_hit(other, 3, now) is None
     assert webhooks.rate_limit_hit(trigger, 3, now + 40) is None  # the next window
+
+
+@pytest.mark.skipif(not settings.AUTOPLANE_RATE_LIMIT_REDIS_URL, reason="the Redis lane counts in Redis")
+def test_on_the_redis_lane_the_rate_limit_counts_in_redis_not_the_database(db, hook):
+    _, trigger, _ = hook()
+    now = 1_800_000_080.0  # 20 s into a window
+
+    hits = [webhooks.rate_limit_hit(trigger, 2, now + i) for i in range(3)]
+
+    assert hits == [None, None, 38]
+    assert not WebhookRateWindow.objects.exists()
+    key = f"autoplane:webhook-rate:{trigger.pk}:{int(now // 60)}"
+    client = redis.Redis.from_url(settings.AUTOPLANE_RATE_LIMIT_REDIS_URL)
+    assert int(client.get(key)) == 3
+    assert 0 < client.ttl(key) <= 120  # nothing to clean up: the window expires
+
+
+def test_a_rate_limit_redis_that_does_not_answer_falls_back_to_the_database(db, hook, settings, caplog):
+    _, trigger, _ = hook()
+    settings.AUTOPLANE_RATE_LIMIT_REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+    now = 1_800_000_140.0
+
+    hits = [webhooks.rate_limit_hit(trigger, 1, now + i) for i in range(2)]
+
+    assert hits == [None, 39]
+    assert WebhookRateWindow.objects.get(trigger=trigger).hits == 2
+    assert "counting in the database" in caplog.text
 
 
 def test_fires_past_the_rate_limit_are_429_with_retry_after(db, hook, monkeypatch):

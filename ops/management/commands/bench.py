@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand
 from rest_framework.test import APIClient
 
-from bench import engine_bench, http_bench
+from bench import engine_bench, hotpath_profile, http_bench
 from bench.workers import Workers
 from config.celery import QUEUES
 from ops.management.commands.up import default_web_workers
@@ -24,6 +24,10 @@ class Command(BaseCommand):
         parser.add_argument("--see", choices=["db", "api"], default="db",
                             help="with --http: how the client sees a run final: poll the database, or GET the run")  # fmt: skip
         parser.add_argument("--poll-ms", type=float, default=1.0, help="with --http: poll interval")
+        parser.add_argument("--profile", action="store_true", help="in-process, no workers: SQL statements and "
+                            "CPU per webhook fire and per one-step run execution")  # fmt: skip
+        parser.add_argument("--profile-top", type=int, default=0, help="with --profile: print the top N cProfile "
+                            "functions by cumulative time")  # fmt: skip
 
     def handle(self, *args, n, runs, fast_concurrency, skip, **options):
         import logging
@@ -31,6 +35,10 @@ class Command(BaseCommand):
         from django.conf import settings
 
         logging.getLogger().setLevel(logging.WARNING)  # per-step INFO lines would drown the figures
+        if options["profile"]:
+            figures = hotpath_profile.run(n=n, top=options["profile_top"], out=self.stdout.write)
+            self.stdout.write("\nsummary: " + ", ".join(f"{k}={v:.3g}" for k, v in figures.items()))
+            return
         if options["http"]:
             self.stdout.write(f"database: {settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[1]}, "
                               f"broker: {settings.CELERY_BROKER_URL.split(':', 1)[0]}")  # fmt: skip

@@ -1,0 +1,88 @@
+"""Statement budgets of the hot path (issue 11): one webhook fire, one one-step run.
+
+Each SQL statement is a round trip to the database that every fire and every run
+pays, so a change that adds one makes the platform slower for everyone. These
+are upper bounds on the statements sent on the default connection, as Django's
+query log records them (with BEGIN and COMMIT on PostgreSQL); the figures and the
+profile behind them are in docs/performance.md. Committed transactions (no test
+transaction around them), so the counts are the ones production sees.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from rest_framework.test import APIClient
+
+from automations import executor
+from automations.models import Run, RunStatus, StepRun
+from triggers.models import Trigger
+from triggers.services import trigger_token_rotate
+
+from .factories import definition, fire, webhook
+
+# Trigger lookup (with its automation), then one transaction: run insert,
+# last_fired_at, one audit insert; on the database rate-limit lane the window's
+# upsert (and, first in a window, the clean-up of old windows) on top.
+FIRE_BUDGET = 6 if settings.AUTOPLANE_RATE_LIMIT_REDIS_URL else 8
+# Claim (returning the run), step rows, the step row insert, the run's finish, one
+# audit insert for the run's events, the event bus' subscriber check and event row.
+RUN_BUDGET = 16
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _statements(work) -> tuple[list[str], object]:
+    with CaptureQueriesContext(connection) as queries:
+        result = work()
+    return [q["sql"] for q in queries.captured_queries], result
+
+
+@pytest.fixture
+def budget_hook(make_automation, owner):
+    """A one-step automation (a templated ``transform_data``) with a webhook trigger and its token."""
+    automation = make_automation(
+        definition(
+            name="budget",
+            triggers=[webhook(rate_limit_per_minute=1000)],
+            plan=[
+                {
+                    "step_id": "greet",
+                    "action": "transform_data",
+                    "config": {"output": {"greeting": "Hello {{ inputs.name }}"}},
+                }
+            ],
+        )  # fmt: skip
+    )
+    trigger = Trigger.objects.get(automation=automation, key="hook")
+    return automation, trigger_token_rotate(trigger=trigger, user=owner)
+
+
+def test_one_webhook_fire_stays_within_its_statement_budget(budget_hook, no_enqueue):
+    automation, token = budget_hook
+    client = APIClient()
+    assert fire(client, automation.pk, {"name": "warm"}, token=token).status_code == 202  # caches, connection
+
+    sql, response = _statements(lambda: fire(client, automation.pk, {"name": "Ada"}, token=token))
+
+    assert response.status_code == 202, response.content
+    assert len(sql) <= FIRE_BUDGET, "\n".join(sql)
+    assert Run.objects.filter(pk=response.json()["run_id"], status=RunStatus.QUEUED).exists()
+
+
+def test_one_step_run_execution_stays_within_its_statement_budget(budget_hook, no_enqueue):
+    automation, token = budget_hook
+    client = APIClient()
+    warm = fire(client, automation.pk, {"name": "warm"}, token=token).json()["run_id"]
+    assert executor.execute_run(warm) == RunStatus.SUCCEEDED
+    run_id = fire(client, automation.pk, {"name": "Ada"}, token=token).json()["run_id"]
+
+    sql, status = _statements(lambda: executor.execute_run(run_id))
+
+    assert status == RunStatus.SUCCEEDED
+    assert len(sql) <= RUN_BUDGET, "\n".join(sql)
+    run = Run.objects.get(pk=run_id)
+    assert run.output == {"greeting": "Hello Ada"}
+    assert StepRun.objects.get(run=run).status == "succeeded"
