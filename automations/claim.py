@@ -14,7 +14,7 @@ import socket
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import F, Q, Value
+from django.db.models import Case, F, PositiveSmallIntegerField, Q, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -42,8 +42,15 @@ def claimant_is_dead(claimed_by: str) -> bool:
     return state in ("Z", "X")
 
 
-def claim(run_id: str, me: str) -> Run | None:
-    """Take ``run_id`` if it is due (queued, a timer that fired, a lease that ran out); else None."""
+def claim(run_id: str, me: str, *, held: bool = False) -> Run | None:
+    """Take ``run_id`` if it is due (queued, a timer that fired, a lease that ran out); else None.
+
+    Taking a ``running`` run over from a worker that stopped is a *recovery*, counted
+    on the run (``recoveries``) so that a run that kills its worker again and again
+    ends (``AUTOPLANE_MAX_RECOVERIES``, see the executor). ``held``: this worker
+    claimed the run before a database error and takes it back if it still holds it
+    (not a recovery).
+    """
     now = timezone.now()
     lease = now + timedelta(seconds=settings.AUTOPLANE_RUN_LEASE_SECONDS)
     claimable = (
@@ -51,9 +58,14 @@ def claim(run_id: str, me: str) -> Run | None:
         | Q(status=RunStatus.WAITING, wake_at__lte=now)
         | Q(status=RunStatus.RUNNING, lease_expires_at__lt=now)
     )
+    if held:
+        claimable |= Q(status=RunStatus.RUNNING, claimed_by=me)
     taken = Run.objects.filter(claimable, pk=run_id).update(
         status=RunStatus.RUNNING, claimed_by=me, lease_expires_at=lease, wake_at=None,
         started_at=Coalesce(F("started_at"), Value(now)),
+        # SET reads the row as it was: a run that was running is being recovered, unless it is ours.
+        recoveries=Case(When(Q(status=RunStatus.RUNNING) & ~Q(claimed_by=me), then=F("recoveries") + 1),
+                        default=F("recoveries"), output_field=PositiveSmallIntegerField()),
     )  # fmt: skip
     if not taken:
         # A worker on this host that died (kill -9, OOM) leaves its lease behind;
@@ -62,7 +74,7 @@ def claim(run_id: str, me: str) -> Run | None:
         if row and row["claimed_by"] and row["claimed_by"] != me and claimant_is_dead(row["claimed_by"]):
             taken = Run.objects.filter(
                 pk=run_id, status=RunStatus.RUNNING, claimed_by=row["claimed_by"]
-            ).update(claimed_by=me, lease_expires_at=lease)
+            ).update(claimed_by=me, lease_expires_at=lease, recoveries=F("recoveries") + 1)
     if not taken:
         return None
     run = Run.objects.select_related("workspace").get(pk=run_id)

@@ -12,7 +12,12 @@ Crash safety rests on three rules:
 * **Recovery.** A claim that finds the current step ``running`` with no outcome
   knows the previous worker died mid-call: a step safe to retry gets a new
   attempt; any other becomes ``OUTCOME_UNKNOWN`` and the run
-  ``needs_attention`` for an operator — never a guessed success.
+  ``needs_attention`` for an operator — never a guessed success. A run whose
+  workers keep dying is recovered at most ``AUTOPLANE_MAX_RECOVERIES`` times,
+  then fails with ``RECOVERY_LIMIT``.
+* **Transient database errors are waited out** (``transient.py``): a claim or a
+  write that meets a restarted database or a killed connection reconnects and
+  goes on where it was; a step's outcome is never lost to one.
 
 Step statuses (docs/concepts.md): pending → running → succeeded | failed |
 cancelled; a ``wait`` step is ``waiting`` until its timer fires; steps a failed
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from contextlib import ExitStack
 from datetime import timedelta
 from decimal import Decimal
@@ -41,7 +47,7 @@ from capabilities.base import AwaitingApproval, Envelope, ErrorCode, StepFailure
 from config import instruments
 
 from . import definition as defs
-from . import gating, steps
+from . import gating, steps, transient
 from .action_context import action_context, cost_meter
 from .agent_tools import ToolGateway
 from .cancel import CancelWatch
@@ -145,7 +151,10 @@ class Executor(RunRecorder):
         capability = defs.describe_step({**step, "config": step_run.rendered_config or step.get("config") or {}},
                                         self.run.workspace_id)  # fmt: skip
         step_id = step["step_id"]
-        if capability is not None and capability.safe_to_retry:
+        safe = capability is not None and capability.safe_to_retry
+        if safe and self._recovery_limit_reached(step_run, step_id):
+            return self.run.status not in FINAL_RUN_STATUSES  # on_failure steps may still run
+        if safe:
             with transaction.atomic(savepoint=False):
                 self._save_step(step_run, status=StepStatus.PENDING)
                 instruments.run_recovered(outcome="retried")
@@ -173,6 +182,30 @@ class Executor(RunRecorder):
             )
         run_settled(self.run)
         return False
+
+    def _recovery_limit_reached(self, step_run: StepRun, step_id: str) -> bool:
+        """A poison run (a step that kills its worker, again and again) fails past the recovery limit.
+
+        Only a step left ``running`` (a worker died in it) is checked: a takeover
+        between steps cannot be the run's fault, and a run that failed into its
+        ``on_failure`` steps keeps running them.
+        """
+        limit = settings.AUTOPLANE_MAX_RECOVERIES
+        if self.run.recoveries <= limit:
+            return False
+        message = (f"the run's worker stopped {self.run.recoveries} times while running it; "
+                   f"it was recovered {limit} times and is not recovered again")  # fmt: skip
+        with transaction.atomic(savepoint=False):
+            self._save_step(
+                step_run, status=StepStatus.FAILED, error_code=ErrorCode.RECOVERY_LIMIT, error_message=message,
+                finished_at=timezone.now(),
+                output=Envelope.failure(ErrorCode.RECOVERY_LIMIT, message, retryable=False).as_dict(),
+            )  # fmt: skip
+            self._audit("run.recovery_limit", f"{step_id}: {message}", Outcome.FAILURE, refs={"step": step_id},
+                        payload={"recoveries": self.run.recoveries, "max_recoveries": limit,
+                                 "attempt": step_run.attempt})  # fmt: skip
+        self._fail({"code": ErrorCode.RECOVERY_LIMIT, "message": message, "step_id": step_id})
+        return True
 
     def _stop_requested(self) -> bool:
         if self.fresh:
@@ -292,13 +325,39 @@ class Executor(RunRecorder):
         envelope = charged(redacted(envelope, ctx.secrets), meter)
         stored_config = redact(config, ctx.secrets)
         if ctx.cancelled.is_set():
-            return self._interrupted(step_run, step, attempt, stored_config, envelope)
+            return self._recorded(lambda: self._interrupted(step_run, step, attempt, stored_config, envelope))
         if envelope.resume_at is not None and envelope.ok:
-            return self._park_until(step_run, step, attempt, stored_config, envelope, started)
+            return self._recorded(
+                lambda: self._park_until(step_run, step, attempt, stored_config, envelope, started)
+            )
         if not envelope.ok:
-            return self._step_failed(step_run, step, attempt, envelope, stored_config, started, now)
-        self._store_outcome(step_run, step, attempt, stored_config, envelope, started=started, started_at=now)
-        return None
+            return self._recorded(
+                lambda: self._step_failed(step_run, step, attempt, envelope, stored_config, started, now)
+            )
+        return self._recorded(lambda: self._store_outcome(
+            step_run, step, attempt, stored_config, envelope, started=started, started_at=now))  # fmt: skip
+
+    def _recorded(self, record: Callable[[], Parked | None]) -> Parked | None:
+        """Record a call's outcome, again after a transient database error: the call is not repeated.
+
+        A failed transaction left the run and step objects as it found them in the
+        database only if they are put back as they were before it (it may have
+        set fields before failing).
+        """
+        objects = [self.run, *self.step_runs.values()]
+        saved = [(obj, {**obj.__dict__, "_state": copy.copy(obj._state)}) for obj in objects]
+        keys = dict(self.step_runs)
+
+        def restore() -> None:
+            for obj, fields in saved:
+                obj.__dict__.clear()
+                obj.__dict__.update(fields)
+            self.step_runs.clear()
+            self.step_runs.update(keys)
+
+        return transient.with_retries(
+            record, f"run {self.run.pk}: recording an outcome", before_retry=restore
+        )
 
     def _step_timeout(self, step: dict, expected: float) -> float:
         declared = float(step.get("timeout_seconds", max(expected, DEFAULT_STEP_TIMEOUT)))
@@ -306,16 +365,32 @@ class Executor(RunRecorder):
 
 
 def execute_run(run_id: str, me: str | None = None) -> str | None:
-    """Claim a run and drive it as far as it can go; returns the status it left in."""
+    """Claim a run and drive it as far as it can go; returns the status it left in.
+
+    A transient database error (a restart, a killed connection) anywhere but a
+    call's outcome (retried where it is recorded) starts over from the database's
+    state: this worker takes back the run it holds and goes on from its last
+    committed step. A step that was running is recovered as after a crash, but is
+    not counted as a recovery.
+    """
     me = me or worker_id()
-    run = claim(run_id, me)
-    if run is None:
-        return None
-    if run.status in FINAL_RUN_STATUSES:
-        return run.status
-    executor = Executor(run, me)
-    executor.execute()
-    return executor.run.status
+    held = False
+
+    def attempt() -> str | None:
+        run = claim(run_id, me, held=held)
+        if run is None:
+            return None
+        if run.status in FINAL_RUN_STATUSES:
+            return run.status
+        executor = Executor(run, me)
+        executor.execute()
+        return executor.run.status
+
+    def again() -> None:
+        nonlocal held
+        held = True  # a claim whose commit was lost on the way back is ours too
+
+    return transient.with_retries(attempt, f"run {run_id}", before_retry=again)
 
 
 __all__ = ["Executor", "LostClaim", "Parked", "claim", "execute_run", "worker_id"]

@@ -114,6 +114,8 @@ class Run(models.Model):
     cancel_requested = models.BooleanField(default=False)
     # Which worker holds the run and until when (a dead worker's lease runs out).
     claimed_by = models.CharField(max_length=200, blank=True, default="")
+    # How many times a worker took this run over from one that stopped (claim.py).
+    recoveries = models.PositiveSmallIntegerField(default=0)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     wake_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

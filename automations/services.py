@@ -13,6 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from approvals.services import approvals_invalidate_for_run
@@ -353,7 +354,12 @@ def runs_sweep() -> dict[str, int]:
     now = timezone.now()
     requeue_after = timedelta(seconds=settings.AUTOPLANE_REQUEUE_AFTER_SECONDS)
     counts = {"lease_expired": 0, "due": 0, "lost_messages": 0}
-    lease_expired = Run.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now)
+    # A run whose lease ran out is sent once per expiry: the send releases it (no
+    # claimant, the lease stamped with the send), so the next passes leave it alone
+    # unless that message too went untaken for REQUEUE_AFTER.
+    lease_expired = Run.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now).filter(
+        ~Q(claimed_by="") | Q(lease_expires_at__lt=now - requeue_after)
+    )
     due = Run.objects.filter(status=RunStatus.WAITING, wake_at__lte=now - timedelta(seconds=2))
     stale = Run.objects.filter(status=RunStatus.QUEUED, enqueued_at__lt=now - requeue_after)
     for name, queryset in (("lease_expired", lease_expired), ("due", due), ("lost_messages", stale)):
@@ -361,6 +367,10 @@ def runs_sweep() -> dict[str, int]:
             if name == "lost_messages":
                 # Bump the stamp so the next sweep does not queue it yet again.
                 Run.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(enqueued_at=now)
+            elif name == "lease_expired" and not lease_expired.filter(pk=run_id).update(
+                claimed_by="", lease_expires_at=now
+            ):
+                continue  # claimed meanwhile, or another sweep sent it
             publish_run(str(run_id), queue)
             counts[name] += 1
     return counts

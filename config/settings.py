@@ -279,9 +279,18 @@ AUTOPLANE_REQUEUE_AFTER_SECONDS = env.int("AUTOPLANE_REQUEUE_AFTER_SECONDS", def
 # First delay of a retried step; linear backoff multiplies it by the attempt, exponential
 # doubles it per attempt (capped at 300 s, with ±20 % jitter).
 AUTOPLANE_RETRY_BASE_SECONDS = env.float("AUTOPLANE_RETRY_BASE_SECONDS", default=2.0)
+# A run whose worker died mid-step is taken over by another ("recovered"); a run
+# recovered this many times fails with RECOVERY_LIMIT when its worker dies again
+# (a poison run: a step that kills its worker every time must not loop forever).
+AUTOPLANE_MAX_RECOVERIES = env.int("AUTOPLANE_MAX_RECOVERIES", default=3)
+# A worker that meets a database error (restart, killed connection) reconnects and
+# goes on, retrying every 2 s at most for this long; then the run is the sweep's.
+AUTOPLANE_DB_RETRY_SECONDS = env.float("AUTOPLANE_DB_RETRY_SECONDS", default=120.0)
 # A schedule slot found this late (beat was down) still fires; older slots follow catch_up.
 AUTOPLANE_SCHEDULE_MISFIRE_GRACE_SECONDS = env.int("AUTOPLANE_SCHEDULE_MISFIRE_GRACE_SECONDS", default=300)
 for _name in (
+    "AUTOPLANE_MAX_RECOVERIES",
+    "AUTOPLANE_DB_RETRY_SECONDS",
     "AUTOPLANE_REQUEUE_AFTER_SECONDS",
     "AUTOPLANE_RETRY_BASE_SECONDS",
     "AUTOPLANE_SCHEDULE_MISFIRE_GRACE_SECONDS",
