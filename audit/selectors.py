@@ -23,14 +23,18 @@ def audit_events(
     if type:
         events = events.filter(type=type)
     if run:
-        if connection.vendor == "postgresql":
-            # The very expression of the index audit_run_ref_idx (refs ->> 'run'), so the
-            # planner uses it; ->> gives a number as its text, so 41 matches "41" too.
-            events = events.alias(run_ref=KeyTextTransform("run", "refs")).filter(run_ref=run)
-        else:
-            # SQLite compares JSON values: match the id as text or as a number.
-            match = Q(refs__run=run)
-            if run.isdigit():
-                match |= Q(refs__run=int(run))
-            events = events.filter(match)
+        events = of_run(events, run)
     return events.order_by("id")
+
+
+def of_run(events: QuerySet[AuditEvent], run: str) -> QuerySet[AuditEvent]:
+    """The events whose ``refs.run`` is ``run``."""
+    if connection.vendor == "postgresql":
+        # The very expression of the index audit_run_ref_idx (refs ->> 'run'), so the
+        # planner uses it; ->> gives a number as its text, so 41 matches "41" too.
+        return events.alias(run_ref=KeyTextTransform("run", "refs")).filter(run_ref=run)
+    # SQLite compares JSON values: match the id as text or as a number.
+    match = Q(refs__run=run)
+    if run.isdigit():
+        match |= Q(refs__run=int(run))
+    return events.filter(match)

@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import json
+import uuid
 
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
+from django.db.models import Q
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.translation import gettext_lazy as _
 
-from capabilities import llm
+from capabilities import llm, registry
+from config.admin_paging import HistoryAdminMixin
+from config.celery import QUEUES
 from config.errors import ServiceError
-from workspaces.access import may_act, workspaces_for
+from workspaces.access import may_act, workspace_ids_for, workspaces_for
 from workspaces.api import require_or_superuser
 from workspaces.models import Permission, Workspace
 
@@ -98,7 +103,7 @@ class WorkspaceScopedAdmin(admin.ModelAdmin):
         queryset = super().get_queryset(request)
         if request.user.is_superuser:
             return queryset
-        visible = workspaces_for(request.user, Permission.VIEW).values("id")
+        visible = workspace_ids_for(request.user, Permission.VIEW)  # ids, so the planner sees real numbers
         return queryset.filter(**{f"{self.workspace_lookup}__in": visible})
 
 
@@ -324,15 +329,60 @@ class AutomationAdmin(WorkspaceScopedAdmin):
         self._set_status(request, queryset, "active", "resumed")
 
 
+class FixedChoicesFilter(admin.SimpleListFilter):
+    """A filter whose choices are known in advance: never a ``SELECT DISTINCT`` over a big table."""
+
+    choices_list: tuple[str, ...] = ()
+
+    def lookups(self, request, model_admin):
+        return [(value, value) for value in self.choices_list]
+
+    def queryset(self, request, queryset):
+        return queryset.filter(**{self.parameter_name: self.value()}) if self.value() else queryset
+
+
+class TriggerTypeFilter(FixedChoicesFilter):
+    title = _("trigger type")
+    parameter_name = "trigger_type"
+    choices_list = ("manual", "webhook", "schedule", "event")
+
+
+class QueueFilter(FixedChoicesFilter):
+    title = _("queue")
+    parameter_name = "queue"
+    choices_list = QUEUES
+
+
+class ActionFilter(FixedChoicesFilter):
+    title = _("action")
+    parameter_name = "action"
+
+    def lookups(self, request, model_admin):
+        return [(name, name) for name in sorted(registry.action_names())]
+
+
+def exact_id_search(queryset, term: str, *, id_field: str, trace_field: str | None = None):
+    """Search by an exact run id or trace id: an index lookup, never ``UPPER(..) LIKE '%q%'``."""
+    term = term.strip()
+    match = Q(**{trace_field: term}) if trace_field else Q(pk__in=[])
+    try:
+        match |= Q(**{id_field: uuid.UUID(term)})
+    except ValueError:
+        pass
+    return queryset.filter(match)
+
+
 @admin.register(Run)
-class RunAdmin(WorkspaceScopedAdmin):
+class RunAdmin(HistoryAdminMixin, WorkspaceScopedAdmin):
     list_display = ["short_id", "automation", "run_status", "error_summary", "trigger_type", "created_at",
                     "duration", "cost_usd"]  # fmt: skip
     list_display_links = ["short_id"]
     list_select_related = ["automation"]
-    list_filter = ["status", "trigger_type", "queue", "workspace"]
+    list_filter = ["status", TriggerTypeFilter, QueueFilter, "workspace"]
+    # The run list's index order (run_created_idx); see get_search_results for the search.
+    ordering = ["-created_at", "-id"]
     search_fields = ["id", "trace_id", "automation__name"]
-    date_hierarchy = "created_at"
+    search_help_text = "a run id or trace id (exact), or the start of an automation's name"
     actions = ["cancel", "rerun", "resolve_succeeded", "resolve_retry", "resolve_failed"]
     readonly_fields = ["automation", "automation_version", "run_status", "links", "trigger_type", "trigger_key",
                        "triggered_by", "trace_id", "queue", "pretty_inputs", "pretty_output", "pretty_error",
@@ -348,6 +398,15 @@ class RunAdmin(WorkspaceScopedAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+    def get_search_results(self, request, queryset, search_term):
+        if not search_term.strip():
+            return queryset, False
+        term = search_term.strip()
+        # Automations are few: resolve the name prefix to ids, then the runs by index.
+        named = list(Automation.objects.filter(name__istartswith=term).values_list("pk", flat=True)[:100])
+        exact = exact_id_search(queryset, term, id_field="pk", trace_field="trace_id")
+        return exact | queryset.filter(automation_id__in=named), False
 
     # --- list columns ----------------------------------------------------------------
 
@@ -526,12 +585,22 @@ class RunAdmin(WorkspaceScopedAdmin):
 
 
 @admin.register(StepRun)
-class StepRunAdmin(WorkspaceScopedAdmin):
+class StepRunAdmin(HistoryAdminMixin, WorkspaceScopedAdmin):
     workspace_lookup = "run__workspace"
 
     list_display = ["run", "step_id", "action", "status", "attempt", "started_at", "finished_at"]
-    list_filter = ["status", "action"]
-    search_fields = ["run__id", "step_id", "idempotency_key"]
+    list_filter = ["status", ActionFilter]
+    list_select_related = ["run"]
+    # Newest first by primary key: the model's ordering goes through the run (a join and a
+    # sort of every step).
+    ordering = ["-id"]
+    search_fields = ["run__id"]
+    search_help_text = "a run id (exact): that run's steps"
+
+    def get_search_results(self, request, queryset, search_term):
+        if not search_term.strip():
+            return queryset, False
+        return exact_id_search(queryset, search_term, id_field="run_id"), False
 
     def has_add_permission(self, request):
         return False
@@ -541,10 +610,18 @@ class StepRunAdmin(WorkspaceScopedAdmin):
 
 
 @admin.register(DomainEvent)
-class DomainEventAdmin(WorkspaceScopedAdmin):
+class DomainEventAdmin(HistoryAdminMixin, WorkspaceScopedAdmin):
     list_display = ["event_type", "workspace", "source", "created_at", "chain_depth"]
-    list_filter = ["event_type", "workspace"]
-    search_fields = ["event_type", "trace_id", "source"]
+    list_filter = ["workspace"]
+    ordering = ["-created_at"]
+    search_fields = ["event_type", "trace_id"]
+    search_help_text = "an event type or a trace id (exact)"
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        return queryset.filter(Q(event_type=term) | Q(trace_id=term)), False
 
     def has_add_permission(self, request):
         return False
