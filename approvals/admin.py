@@ -30,6 +30,40 @@ class DenyForm(forms.Form):
                              help_text="Required: tell the requester why.")  # fmt: skip
 
 
+class StatusFilter(admin.SimpleListFilter):
+    """Status, defaulting to Pending (what an approver opens the list for); "All" is explicit.
+
+    The parameter is the field lookup ``status__exact``, so links like the home page's keep working.
+    """
+
+    title = "status"
+    parameter_name = "status__exact"
+    ALL = "all"
+
+    def lookups(self, request, model_admin):
+        return [*ApprovalStatus.choices, (self.ALL, "All")]
+
+    def value(self):
+        return super().value() or ApprovalStatus.PENDING
+
+    def queryset(self, request, queryset):
+        return queryset if self.value() == self.ALL else queryset.filter(status=self.value())
+
+    def choices(self, changelist):
+        for lookup, title in self.lookup_choices:
+            yield {
+                "selected": self.value() == lookup,
+                "query_string": changelist.get_query_string({self.parameter_name: lookup}),
+                "display": title,
+            }
+
+
+def what_summary(approval: Approval) -> str:
+    """One line of what will run: the action and its rendered payload, shortened."""
+    text = json.dumps(approval.what, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return f"{approval.action}: {text[:100]}{'…' if len(text) > 100 else ''}"
+
+
 def _scoped(request, queryset):
     if request.user.is_superuser:
         return queryset
@@ -52,9 +86,9 @@ class DecisionInline(admin.TabularInline):
 
 @admin.register(Approval)
 class ApprovalAdmin(admin.ModelAdmin):
-    list_display = ["status", "risk", "automation_name", "step_id", "requested_by", "progress", "expires_at",
-                    "created_at"]  # fmt: skip
-    list_filter = ["status", "risk"]
+    list_display = ["status", "risk", "automation_name", "step_id", "will_run", "requested_by", "progress",
+                    "expires_at", "created_at"]  # fmt: skip
+    list_filter = [StatusFilter, "risk"]
     search_fields = ["automation_name", "step_id", "run_id", "requested_by"]
     ordering = ["-created_at"]
     actions = ["approve_selected", "deny_selected"]
@@ -86,6 +120,10 @@ class ApprovalAdmin(admin.ModelAdmin):
         return f"{getattr(obj, 'approvals_count', 0)}/{obj.approvals_required}"
 
     @admin.display(description="what will run")
+    def will_run(self, obj):
+        return format_html('<code style="white-space:normal">{}</code>', what_summary(obj))
+
+    @admin.display(description="what will run")
     def pretty_what(self, obj):
         text = json.dumps(obj.what, indent=2, sort_keys=True, ensure_ascii=False)
         return format_html('<pre id="approval-what" style="max-height:30em;overflow:auto">{}</pre>', text)
@@ -97,7 +135,16 @@ class ApprovalAdmin(admin.ModelAdmin):
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         approval = self.get_object(request, object_id)
-        extra = {"may_decide": approval is not None and approval.status == ApprovalStatus.PENDING}
+        extra = {"may_decide": False, "why_not": ""}
+        if approval is not None and approval.status == ApprovalStatus.PENDING:
+            if not has_permission(request.user, approval.workspace_id, Permission.APPROVE):
+                extra["why_not"] = "your role in this workspace does not allow approving"
+            elif (
+                refusal := services.approval_decide_refusal(approval=approval, user=request.user)
+            ) is not None:
+                extra["why_not"] = refusal.message
+            else:
+                extra["may_decide"] = True
         return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
 
     # --- deciding ---------------------------------------------------------------

@@ -88,6 +88,25 @@ def _own_work(approval: Approval, user) -> str | None:
     return None
 
 
+def approval_decide_refusal(*, approval: Approval, user, now: datetime | None = None) -> ApprovalError | None:
+    """Why ``user`` may not decide on ``approval`` now (besides their role), or None.
+
+    ``approval_decide`` raises it; the admin uses it to offer Approve / Deny only
+    to those who may still decide.
+    """
+    if approval.status != ApprovalStatus.PENDING:
+        return ApprovalError("CONFLICT", f"this approval is already {approval.status}", 409)
+    if approval.expires_at <= (now or timezone.now()):
+        return ApprovalError("CONFLICT", "this approval has expired", 409)
+    if Workspace.objects.filter(pk=approval.workspace_id, four_eyes=True).exists():
+        own = _own_work(approval, user)
+        if own is not None:
+            return ApprovalError("PERMISSION_DENIED", f"four-eyes: {own}, so someone else must decide", 403)
+    if approval.decisions.filter(user=user).exists():
+        return ApprovalError("CONFLICT", "you have already decided on this approval", 409)
+    return None
+
+
 @transaction.atomic
 def approval_decide(*, approval_id: Any, user, decision: str, reason: str = "", via: str = "api") -> Approval:
     """Record ``user``'s approve/deny. Exactly one outcome wins under concurrency: the row is
@@ -104,16 +123,9 @@ def approval_decide(*, approval_id: Any, user, decision: str, reason: str = "", 
     if decision == Decision.DENY and not reason:
         raise ApprovalError("INVALID_ARGUMENT", "a reason is required to deny")
     now = timezone.now()
-    if approval.status != ApprovalStatus.PENDING:
-        raise ApprovalError("CONFLICT", f"this approval is already {approval.status}", 409)
-    if approval.expires_at <= now:
-        raise ApprovalError("CONFLICT", "this approval has expired", 409)
-    if Workspace.objects.filter(pk=approval.workspace_id, four_eyes=True).exists():
-        own = _own_work(approval, user)
-        if own is not None:
-            raise ApprovalError("PERMISSION_DENIED", f"four-eyes: {own}, so someone else must decide", 403)
-    if approval.decisions.filter(user=user).exists():
-        raise ApprovalError("CONFLICT", "you have already decided on this approval", 409)
+    refusal = approval_decide_refusal(approval=approval, user=user, now=now)
+    if refusal is not None:
+        raise refusal
     try:
         with transaction.atomic():
             ApprovalDecision.objects.create(approval=approval, user=user, decision=decision, reason=reason[:2000],

@@ -446,7 +446,7 @@ class RunAdmin(HistoryAdminMixin, WorkspaceScopedAdmin):
 
     @admin.display(description="see also")
     def links(self, run: Run):
-        approvals = reverse("admin:approvals_approval_changelist") + f"?run_id={run.pk}"
+        approvals = reverse("admin:approvals_approval_changelist") + f"?run_id={run.pk}&status__exact=all"
         trace = reverse("admin:audit_auditevent_changelist") + f"?trace_id={run.trace_id}"
         items = [(approvals, "approvals-link", "its approvals"), (trace, "trace-link", "its audit trace")]
         if run.parent_run_id:

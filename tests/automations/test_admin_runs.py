@@ -152,7 +152,7 @@ def test_the_run_page_shows_step_configs_outputs_and_links(automation, operator,
 
     assert 'id="step-timeline"' in page
     assert "&quot;y&quot;: 1" in page  # step b's rendered config
-    assert reverse("admin:approvals_approval_changelist") + f"?run_id={run.pk}" in page
+    assert reverse("admin:approvals_approval_changelist") + f"?run_id={run.pk}&amp;status__exact=all" in page
     assert reverse("admin:audit_auditevent_changelist") + f"?trace_id={run.trace_id}" in page
 
 
