@@ -417,3 +417,27 @@ def approvals_invalidate_for_run(*, run_id: Any, actor: str, reason: str) -> int
             actor=actor, refs=_refs(approval), payload={"reason": reason, "previous_status": approval.status},
         )  # fmt: skip
     return len(live)
+
+
+@transaction.atomic
+def approvals_settle_for_step(*, run_id: Any, step_key: str, actor: str, reason: str) -> int:
+    """The step failed before it could use its approval: take the approval off the queue and settle it,
+    so the expiry sweep stops re-sending the run its decision."""
+    open_ = list(
+        Approval.objects.select_for_update().filter(run_id=run_id, step_key=step_key, settled_at__isnull=True)
+    )
+    now = timezone.now()
+    for approval in open_:
+        live = approval.status in LIVE_STATUSES
+        Approval.objects.filter(pk=approval.pk).update(
+            status=ApprovalStatus.INVALIDATED if live else approval.status, settled_at=now
+        )
+        if live:
+            writer.append(
+                trace_id=approval.trace_id or uuid.uuid4().hex, type="approval.invalidated",
+                summary=f"{approval.step_id}: {reason}"[:500], outcome=Outcome.INFO,
+                workspace_id=approval.workspace_id, actor=actor, refs=_refs(approval),
+                payload={"reason": reason, "previous_status": approval.status},
+            )  # fmt: skip
+    return len(open_)
+

@@ -44,6 +44,9 @@ def action_context(run: Run, step: dict[str, Any], attempt: int, key: str, timeo
     def call_capability(capability_id: str, args: dict[str, Any]) -> Envelope:
         capability = registry.get_capability(capability_id, run.workspace_id)
         if capability is None or capability.handler is None:
+            held = registry.held_reason(capability_id, run.workspace_id)
+            if held is not None:
+                return Envelope.failure("POLICY_VIOLATION", held, retryable=False)
             return Envelope.failure(
                 "CAPABILITY_NOT_FOUND", f"unknown capability '{capability_id}'", retryable=False
             )

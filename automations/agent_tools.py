@@ -93,6 +93,9 @@ class ToolGateway:
                                     f"'{tool_id[:100]}' is not in this step's tools allowlist", retryable=False)  # fmt: skip
         tool = tools.tool(tool_id, self.run.workspace_id)
         if tool is None:
+            held = registry.held_reason(tool_id, self.run.workspace_id)
+            if held is not None:
+                return Envelope.failure(ErrorCode.POLICY_VIOLATION, held[:300], retryable=False)
             return Envelope.failure(
                 ErrorCode.CAPABILITY_NOT_FOUND, f"unknown tool '{tool_id[:100]}'", retryable=False
             )

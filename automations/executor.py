@@ -41,6 +41,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from approvals.services import approvals_settle_for_step
 from audit.models import Outcome
 from audit.redaction import redact
 from capabilities.base import AwaitingApproval, Envelope, ErrorCode, StepFailure
@@ -246,6 +247,11 @@ class Executor(RunRecorder):
         if prepared is steps.SKIP:
             return self._skip(step_run, step)
         if isinstance(prepared, Envelope):
+            if step_run.status == StepStatus.AWAITING_APPROVAL:  # its approval will never be used
+                approvals_settle_for_step(
+                    run_id=self.run.pk, step_key=f"{step_run.phase}:{step_run.index}:{step['step_id']}",
+                    actor=f"run:{self.run.pk}", reason=f"the step cannot run: {prepared.summary}",
+                )  # fmt: skip
             return self._step_failed(step_run, step, attempt, prepared)
         assert isinstance(prepared, PreparedStep)
         result = gating.gate(self.run, step_run, prepared, self.autonomy)

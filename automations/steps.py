@@ -140,6 +140,9 @@ def prepare(run: Run, step: dict[str, Any], attempt: int) -> PreparedStep | Skip
     capability = defs.describe_step({**step, "config": config}, run.workspace_id)
     if action.target is not None:
         if capability is None or capability.handler is None:
+            held = registry.held_reason(config.get("capability"), run.workspace_id)
+            if held is not None:  # it exists, but policy holds it back (e.g. a rug-pulled MCP tool)
+                return _failure(ErrorCode.POLICY_VIOLATION, held)
             return _failure(
                 ErrorCode.CAPABILITY_NOT_FOUND, f"unknown capability '{config.get('capability')}'"
             )

@@ -13,3 +13,4 @@ class CapabilitiesConfig(AppConfig):
 
         registry.external_lookup = mcp.capability_lookup
         registry.external_listing = mcp.capability_listing
+        registry.external_held = mcp.capability_held

@@ -506,6 +506,32 @@ def capability_lookup(capability_id: str, workspace_id: int) -> Capability | Non
     return as_capability(tool)
 
 
+RUG_PULLED = "tool changed since approval; an admin must re-approve it"
+NOT_APPROVED = "tool not approved yet; an admin must approve it"
+
+
+def _held(tool: McpTool) -> str | None:
+    if not tool.changed_since_approval:
+        return None
+    return RUG_PULLED if tool.approved_hash else NOT_APPROVED
+
+
+def capability_held(capability_id: str, workspace_id: int) -> str | None:
+    """registry.external_held: why a tool of an enabled server exists but may not be called."""
+    slug, dot, name = capability_id.partition(".")
+    if not dot or not name or not SLUG_PATTERN.match(slug):
+        return None
+    tool = (
+        McpTool.objects.filter(server__workspace_id=workspace_id, server__slug=slug, name=name, server__enabled=True)
+        .exclude(status=McpToolStatus.REMOVED)
+        .first()
+    )  # fmt: skip
+    if tool is None:
+        return None
+    reason = _held(tool)
+    return f"MCP tool '{capability_id}': {reason}" if reason else None
+
+
 def capability_listing(workspace_id: int) -> list[Capability]:
     """registry.external_listing."""
     tools = _callable_tools().filter(server__workspace_id=workspace_id).order_by("server__slug", "name")
@@ -525,10 +551,14 @@ def call_tool(server: McpServer, tool_name: str, args: Mapping[str, Any], ctx: A
     tool = McpTool.objects.filter(server=server, name=tool_name).first()
     if (
         tool is None or not server.enabled or server.workspace_id != ctx.workspace_id
-        or tool.status != McpToolStatus.ACTIVE or tool.changed_since_approval
+        or tool.status == McpToolStatus.REMOVED
     ):  # fmt: skip
         return Envelope.failure(
             ErrorCode.CAPABILITY_NOT_FOUND, f"unknown capability '{label}'", retryable=False
+        )
+    if (held := _held(tool)) is not None or tool.status != McpToolStatus.ACTIVE:
+        return Envelope.failure(
+            ErrorCode.POLICY_VIOLATION, f"MCP tool '{label}': {held or RUG_PULLED}", retryable=False
         )
     read_only = _read_only(tool)
     timeout = max(0.1, min(float(ctx.timeout_seconds or DEFAULT_CALL_TIMEOUT), 3600.0))
@@ -553,11 +583,13 @@ def call_tool(server: McpServer, tool_name: str, args: Mapping[str, Any], ctx: A
             locked = McpTool.objects.select_for_update().get(pk=tool.pk)
             _record_listing(server, locked, outcome.listed, now=timezone.now(), actor=f"run:{ctx.run_id}",
                             trace_id=ctx.trace_id)  # fmt: skip
-        return Envelope.failure(
-            ErrorCode.CAPABILITY_NOT_FOUND,
-            f"MCP tool '{label}' changed or disappeared since it was approved; an admin must re-approve it",
-            retryable=False,
-        )
+        locked.refresh_from_db()
+        if locked.status == McpToolStatus.REMOVED:
+            return Envelope.failure(
+                ErrorCode.CAPABILITY_NOT_FOUND, f"MCP tool '{label}' is no longer offered by its server",
+                retryable=False,
+            )  # fmt: skip
+        return Envelope.failure(ErrorCode.POLICY_VIOLATION, f"MCP tool '{label}': {RUG_PULLED}", retryable=False)
 
     result = outcome.result
     if result.is_error:

@@ -35,6 +35,9 @@ NATIVE_CAPABILITIES: dict[str, str] = {
 # the database (MCP tools). Set once at start-up.
 external_lookup: Callable[[str, int], Capability | None] | None = None
 external_listing: Callable[[int], list[Capability]] | None = None
+# (capability_id, workspace_id) -> why a capability that exists may not be called now
+# (an MCP tool whose definition changed since it was approved), else None.
+external_held: Callable[[str, int], str | None] | None = None
 
 
 def _load(dotted: str):
@@ -70,6 +73,13 @@ def get_capability(capability_id: str, workspace_id: int) -> Capability | None:
     if external_lookup is not None:
         return external_lookup(capability_id, workspace_id)
     return None
+
+
+def held_reason(capability_id: str, workspace_id: int) -> str | None:
+    """Why a capability that exists is held back (a policy matter, not a missing one), else None."""
+    if external_held is None or not isinstance(capability_id, str):
+        return None
+    return external_held(capability_id, workspace_id)
 
 
 def list_capabilities(workspace_id: int) -> list[Capability]:

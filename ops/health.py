@@ -15,6 +15,13 @@ check (``database``, ``broker``, ``beat``, ``queues.<name>``). Checks:
   (``AUTOPLANE_SUPERVISOR_STATE_FILE``, set by ``up``); a failing child is named
   ``processes.<child>``, e.g. ``processes.worker-fast``.
 
+- sandbox: the configured backend for code steps (``run_python``/``run_shell``)
+  and whether it can start here, e.g. ``{"backend": "bubblewrap", "ok": true}``;
+  when it cannot, ``ok`` is false with ``error: "unavailable: code steps fail
+  closed"``. It is reported, not counted in ``failing``: every other automation
+  still runs, and code steps refuse to run rather than run unisolated. A
+  development ``subprocess`` backend is flagged ``isolated: false``.
+
 Workers and beat are known by their heartbeat rows (see ``ops/heartbeats.py``),
 because the embedded broker cannot broadcast ``inspect()`` requests.
 Error details go to the log, never into the response.
@@ -32,6 +39,7 @@ from django.http import HttpRequest, JsonResponse
 from django.utils import timezone
 
 from audit.sequencer import backlog as audit_backlog
+from capabilities.sandbox import backend_from_settings
 from config.celery import QUEUES, queue_backlog
 from config.celery import app as celery_app
 from ops.models import HeartbeatKind
@@ -136,10 +144,23 @@ def check_audit_sequencer() -> dict[str, Any]:
     return check
 
 
+def check_sandbox() -> dict[str, Any]:
+    """Can code steps run here? (Checked in this process, on this host: the web's host under ``up``.)"""
+    try:
+        backend = backend_from_settings()
+        ok = backend.available()
+    except Exception as exc:
+        return {**_failure("sandbox", exc), "error": "unavailable: code steps fail closed"}
+    check: dict[str, Any] = {"backend": backend.name, "ok": ok, "isolated": backend.name == "bubblewrap"}
+    if not ok:
+        check["error"] = "unavailable: code steps fail closed"
+    return check
+
+
 def health_report() -> dict[str, Any]:
     checks: dict[str, Any] = {
         "database": check_database(), "broker": check_broker(), **check_processes(),
-        "audit_sequencer": check_audit_sequencer(),
+        "audit_sequencer": check_audit_sequencer(), "sandbox": check_sandbox(),
     }  # fmt: skip
     supervised = check_supervised()
     if supervised is not None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from approvals.models import Approval
-from approvals.services import approval_decide
+from approvals.services import approval_decide, approvals_expire
 from audit.models import AuditEvent
 from automations import executor
 from automations import services as engine
@@ -230,7 +231,9 @@ def test_a_changed_tool_is_disabled_audited_and_not_callable(workspace, owner, o
 
     run = drive(_start(automation, owner).pk)
     assert run.status == RunStatus.FAILED
-    assert _step(run, "read").error_code == ErrorCode.CAPABILITY_NOT_FOUND
+    # It exists but is held back: a policy matter, not a missing capability.
+    assert _step(run, "read").error_code == ErrorCode.POLICY_VIOLATION
+    assert "tool changed since approval; an admin must re-approve it" in _step(run, "read").error_message
 
     mcp.mcp_tool_approve(tool=tool, user=owner)  # an admin reviewed the new description
     run = drive(_start(automation, owner).pk)
@@ -251,10 +254,40 @@ def test_a_tool_changed_since_the_last_harvest_is_refused_at_call_time(
 
     assert run.status == RunStatus.FAILED
     step = _step(run, "read")
-    assert step.error_code == ErrorCode.CAPABILITY_NOT_FOUND
-    assert "re-approve" in step.error_message
+    assert step.error_code == ErrorCode.POLICY_VIOLATION
+    assert "tool changed since approval; an admin must re-approve it" in step.error_message
     assert _tool("read_file").status == McpToolStatus.DISABLED
     assert AuditEvent.objects.filter(type="mcp.tool.changed", trace_id=run.trace_id).exists()
+
+
+def test_a_step_approved_before_its_tool_was_rug_pulled_fails_as_policy_and_settles_its_approval(
+    workspace, owner, own_mcp_http, tmp_path, drive
+):
+    server = _http(workspace, own_mcp_http)
+    mcp.mcp_harvest(server)
+    document = tmp_path / "doc.txt"
+    document.write_text("content")
+    automation = _automation(workspace, owner, _call("read", "files.read_file", {"path": str(document)}),
+                             autonomy="A2")  # fmt: skip
+    run = drive(_start(automation, owner).pk)
+    assert run.status == RunStatus.AWAITING_APPROVAL
+    approval = Approval.objects.get(run_id=run.pk)
+    approval_decide(approval_id=approval.pk, user=owner, decision="approve")
+
+    own_mcp_http.restart(variant="changed")  # the tool changes while the approved run waits
+    mcp.mcp_harvest(server)
+    engine.run_resume(run_id=str(run.pk))
+    run = drive(run.pk)
+
+    assert run.status == RunStatus.FAILED
+    step = _step(run, "read")
+    assert step.error_code == ErrorCode.POLICY_VIOLATION
+    assert "tool changed since approval; an admin must re-approve it" in step.error_message
+    approval.refresh_from_db()
+    assert approval.settled_at is not None
+    assert approval.status == "invalidated"
+    later = approval.decided_at + timedelta(minutes=5)
+    assert approvals_expire(now=later) == {"expired": 0, "nudged": 0}
 
 
 def test_a_tool_no_longer_offered_is_marked_removed_not_deleted(workspace, owner, own_mcp_http):

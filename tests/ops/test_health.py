@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import io
 import re
+import shutil
 import sys
 import threading
 import time
@@ -54,6 +55,32 @@ def test_healthz_with_fresh_heartbeats_is_200(client, no_heartbeats):
     assert body == {**body, "status": "ok", "failing": []}
     assert body["checks"]["queues"]["automations_fast"] == {"ok": True, "workers": 2}
     assert body["checks"]["beat"]["instances"] == 1
+
+
+def test_healthz_reports_the_sandbox_backend(client, no_heartbeats, settings):
+    settings.AUTOPLANE_SANDBOX_BACKEND = "bubblewrap"
+    settings.AUTOPLANE_BWRAP_PATH = "/nonexistent/bwrap"  # a host without bubblewrap
+    _beat("w1@host", HeartbeatKind.WORKER, queues=QUEUES)
+    _beat("beat@host", HeartbeatKind.BEAT)
+
+    body = client.get("/healthz").json()
+
+    assert body["checks"]["sandbox"] == {
+        "backend": "bubblewrap", "ok": False, "isolated": True, "error": "unavailable: code steps fail closed",
+    }  # fmt: skip
+    assert "sandbox" not in body["failing"], "reported, not a platform failure: code steps fail closed"
+
+    settings.AUTOPLANE_SANDBOX_BACKEND = "subprocess"
+    assert client.get("/healthz").json()["checks"]["sandbox"] == {
+        "backend": "subprocess", "ok": True, "isolated": False,
+    }  # fmt: skip
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+def test_healthz_reports_a_working_bubblewrap(client, no_heartbeats):
+    assert client.get("/healthz").json()["checks"]["sandbox"] == {
+        "backend": "bubblewrap", "ok": True, "isolated": True,
+    }  # fmt: skip
 
 
 def test_stale_heartbeats_count_as_absent(client, no_heartbeats):
