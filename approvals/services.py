@@ -440,4 +440,3 @@ def approvals_settle_for_step(*, run_id: Any, step_key: str, actor: str, reason:
                 payload={"reason": reason, "previous_status": approval.status},
             )  # fmt: skip
     return len(open_)
-

@@ -589,7 +589,9 @@ def call_tool(server: McpServer, tool_name: str, args: Mapping[str, Any], ctx: A
                 ErrorCode.CAPABILITY_NOT_FOUND, f"MCP tool '{label}' is no longer offered by its server",
                 retryable=False,
             )  # fmt: skip
-        return Envelope.failure(ErrorCode.POLICY_VIOLATION, f"MCP tool '{label}': {RUG_PULLED}", retryable=False)
+        return Envelope.failure(
+            ErrorCode.POLICY_VIOLATION, f"MCP tool '{label}': {RUG_PULLED}", retryable=False
+        )
 
     result = outcome.result
     if result.is_error:
