@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from . import enqueue, events, executor, services
+from . import enqueue, events, executor, retention, services
 from .authoring.drafts import drafts_purge_expired
 from .dispatcher import purge_dispatch_keys
 
@@ -38,3 +38,10 @@ def sweep_runs() -> dict[str, int]:
 @shared_task(name="autoplane.purge_expired", ignore_result=True)
 def purge_expired() -> int:
     return events.purge_expired() + purge_dispatch_keys() + drafts_purge_expired()
+
+
+# One pass deletes at most 200 batches (100k runs at the default batch size); what is
+# left waits for the next hour, so a first pass over years of history stays bounded.
+@shared_task(name="autoplane.prune_history", ignore_result=True)
+def prune_history() -> int:
+    return retention.history_prune(max_batches=200).runs

@@ -239,6 +239,18 @@ AUTOPLANE_AUDIT_SEQUENCE_BATCH = env.int("AUTOPLANE_AUDIT_SEQUENCE_BATCH", defau
 AUTOPLANE_AUDIT_CHECKPOINT_SECONDS = env.int("AUTOPLANE_AUDIT_CHECKPOINT_SECONDS", default=300)
 AUTOPLANE_AUDIT_MAX_PAYLOAD_BYTES = env.int("AUTOPLANE_AUDIT_MAX_PAYLOAD_BYTES", default=64 * 1024)
 
+# History retention (docs/operations.md, "Retention"): finished runs, with their steps
+# and step outputs, older than this many days are deleted by `manage.py prune_history`
+# and hourly by beat, in batches of BATCH runs (one short transaction each). 0 keeps
+# them forever (the default). _BY_WORKSPACE overrides it per workspace slug:
+# "acme=30,audit-heavy=0". The audit ledger is never touched by this.
+AUTOPLANE_RUN_RETENTION_DAYS = env.int("AUTOPLANE_RUN_RETENTION_DAYS", default=0)
+AUTOPLANE_RUN_RETENTION_DAYS_BY_WORKSPACE = {
+    slug: int(days)
+    for slug, days in env.dict("AUTOPLANE_RUN_RETENTION_DAYS_BY_WORKSPACE", default={}).items()
+}
+AUTOPLANE_RUN_RETENTION_BATCH = env.int("AUTOPLANE_RUN_RETENTION_BATCH", default=500)
+
 AUTOPLANE_CREDENTIAL_KEYS = env.list("AUTOPLANE_CREDENTIAL_KEYS", default=[])
 AUTOPLANE_EGRESS_ALLOWLIST = env.list("AUTOPLANE_EGRESS_ALLOWLIST", default=[])
 AUTOPLANE_SANDBOX_BACKEND = env.str("AUTOPLANE_SANDBOX_BACKEND", default="bubblewrap")
@@ -443,6 +455,7 @@ CELERY_BEAT_SCHEDULE = {
     "relay": {"task": "autoplane.relay", "schedule": AUTOPLANE_RELAY_SECONDS},
     "expire-approvals": {"task": "autoplane.expire_approvals", "schedule": 30.0},
     "purge-expired": {"task": "autoplane.purge_expired", "schedule": 3600.0},
+    "prune-history": {"task": "autoplane.prune_history", "schedule": 3600.0},
     "webhook-rejections": {
         "task": "autoplane.webhook_rejections_summarize",
         "schedule": float(AUTOPLANE_WEBHOOK_REJECTION_WINDOW_SECONDS),
