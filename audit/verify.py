@@ -69,6 +69,16 @@ class VerifyResult:
             "broken": asdict(self.broken) if self.broken else None,
         }
 
+    def summary(self) -> str:
+        """One line, as ``manage.py audit_verify`` and the admin's "Verify the ledger" say it."""
+        if not self.ok:
+            return f"audit ledger BROKEN: {self.broken}"
+        return (
+            f"audit ledger OK: {self.events} events and {self.checkpoints} checkpoints verified "
+            f"in {len(self.chains)} chain(s); {self.waiting} entries waiting for the sequencer "
+            "(checked against their entry hashes)"
+        )
+
     def merge(self, other: VerifyResult) -> None:
         self.chains.extend(other.chains)
         self.events += other.events

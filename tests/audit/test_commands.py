@@ -10,11 +10,14 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.contrib.auth.models import Permission as AuthPermission
 from django.core.management import CommandError, call_command
 
 from audit import signing, writer
 from audit.models import AuditCheckpoint
 from audit.tasks import audit_checkpoint
+from tests.people import member
+from workspaces.services import workspace_get_or_create
 
 OFFLINE = Path(settings.BASE_DIR) / "audit" / "offline_verify.py"
 # Runs the offline verifier in a fresh interpreter in which importing Django fails.
@@ -262,10 +265,36 @@ def test_admin_verify_chain_action_reports_the_result(admin_client_, tamper):
     events = _ledger(3)
     data = {"action": "verify_chain", "_selected_action": [events[0].id]}
     page = admin_client_.post("/admin/audit/auditevent/", data, follow=True)
-    assert b"Chain intact: 3 events" in page.content
+    assert b"ledger OK: 3 events" in page.content
     tamper.set_payload(events[1].id, {"i": "forged"})
     page = admin_client_.post("/admin/audit/auditevent/", data, follow=True)
     assert f"event id {events[1].id} ".encode() in page.content
+
+
+def test_admin_verify_the_ledger_button_needs_no_selection(admin_client_, tamper):
+    events = _ledger(3)
+    listing = admin_client_.get("/admin/audit/auditevent/").content.decode()
+    assert 'id="verify-ledger"' in listing
+    assert listing.index(f">{events[2].id}<") < listing.index(f">{events[0].id}<")  # newest first
+
+    page = admin_client_.post("/admin/audit/auditevent/verify/", follow=True)
+    assert b"ledger OK: 3 events" in page.content
+    tamper.set_payload(events[1].id, {"i": "forged"})
+    page = admin_client_.post("/admin/audit/auditevent/verify/", follow=True)
+    assert b"ledger BROKEN" in page.content
+    assert f"event id {events[1].id} ".encode() in page.content
+    assert admin_client_.get("/admin/audit/auditevent/verify/").status_code == 405
+
+
+def test_admin_shows_one_trace(admin_client_):
+    writer.append(trace_id="trace-a", type="test.admin", summary="in trace a")
+    writer.append(trace_id="trace-b", type="test.admin", summary="in trace b")
+
+    page = admin_client_.get("/admin/audit/auditevent/?trace_id=trace-a").content.decode()
+
+    assert "Audit trace trace-a" in page
+    assert "in trace a" in page
+    assert "in trace b" not in page
 
 
 def test_admin_writes_checkpoints_on_demand(admin_client_):
@@ -279,3 +308,18 @@ def test_admin_writes_checkpoints_on_demand(admin_client_):
     page = admin_client_.post("/admin/audit/auditcheckpoint/", data, follow=True)
     assert b"1 checkpoint(s) written" in page.content
     assert AuditCheckpoint.objects.count() == 2
+
+
+@pytest.mark.django_db
+def test_staff_see_only_their_workspaces_ledger_rows(client):
+    mine, theirs = workspace_get_or_create(slug="mine"), workspace_get_or_create(slug="theirs")
+    viewer = member("vic", mine, "viewer", is_staff=True)
+    viewer.user_permissions.add(AuthPermission.objects.get(codename="view_auditevent"))
+    writer.append(trace_id="t-mine", type="test.admin", summary="row of mine", workspace_id=mine.id)
+    writer.append(trace_id="t-theirs", type="test.admin", summary="row of theirs", workspace_id=theirs.id)
+    client.force_login(viewer)
+
+    page = client.get("/admin/audit/auditevent/").content.decode()
+
+    assert "row of mine" in page
+    assert "row of theirs" not in page

@@ -19,9 +19,5 @@ class Command(BaseCommand):
     def handle(self, *args, chain: str | None, **options):
         result = verify_all([chain] if chain else None)
         if not result.ok:
-            raise CommandError(f"audit ledger BROKEN: {result.broken}", returncode=1)
-        self.stdout.write(
-            f"audit ledger OK: {result.events} events and {result.checkpoints} checkpoints verified "
-            f"in {len(result.chains)} chain(s); {result.waiting} entries waiting for the sequencer "
-            "(checked against their entry hashes)"
-        )
+            raise CommandError(result.summary(), returncode=1)
+        self.stdout.write(result.summary())
