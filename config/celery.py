@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from django.conf import settings
 from kombu import Exchange, Queue
 from kombu.exceptions import ChannelError
 
@@ -20,8 +21,26 @@ QUEUE_LONG = "automations_long"  # <= 1 h
 QUEUE_DEFAULT = "default"  # platform housekeeping
 QUEUES = (QUEUE_DEFAULT, QUEUE_FAST, QUEUE_MEDIUM, QUEUE_LONG)
 
+
+def _queue_arguments(broker_url: str, visibility_timeout: int) -> dict[str, int]:
+    """RabbitMQ closes a consumer that holds a message unacked past its consumer timeout (30 min by
+    default), and execute_run holds its message while the run executes (acks_late), up to the
+    long queue's hour. Each queue's own timeout is the visibility timeout Redis uses for the
+    same purpose (RabbitMQ >= 3.12; older ones: ops/rabbitmq.conf)."""
+    if broker_url.startswith(("amqp://", "amqps://", "pyamqp://")):
+        return {"x-consumer-timeout": visibility_timeout * 1000}
+    return {}
+
+
+QUEUE_ARGUMENTS = _queue_arguments(
+    str(getattr(settings, "CELERY_BROKER_URL", "")), int(getattr(settings, "CELERY_VISIBILITY_TIMEOUT", 7200))
+)
+
 app.conf.update(
-    task_queues=[Queue(name, Exchange(name), routing_key=name) for name in QUEUES],
+    task_queues=[
+        Queue(name, Exchange(name), routing_key=name, queue_arguments=QUEUE_ARGUMENTS or None)
+        for name in QUEUES
+    ],
     task_default_queue=QUEUE_DEFAULT,
     task_default_exchange=QUEUE_DEFAULT,
     task_default_routing_key=QUEUE_DEFAULT,
@@ -40,7 +59,6 @@ app.conf.update(
     task_time_limit=3 * 3600,
     broker_connection_retry_on_startup=True,
     beat_scheduler="django_celery_beat.schedulers:DatabaseScheduler",
-    worker_send_task_events=False,
     timezone="UTC",
     enable_utc=True,
 )

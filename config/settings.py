@@ -208,6 +208,11 @@ if CELERY_BROKER_URL.startswith("sqla+"):
 elif BROKER_IS_EMBEDDED:
     CELERY_BROKER_TRANSPORT_OPTIONS["polling_interval"] = env.float("CELERY_POLLING_INTERVAL", default=0.05)
 
+# Task events (task-received/started/succeeded...) for Flower and `celery events`: off by
+# default, they add a broker publish per task state (docs/performance.md); docker-compose.yml
+# turns them on. `celery control enable_events` also switches them on at run time.
+CELERY_WORKER_SEND_TASK_EVENTS = env.bool("CELERY_WORKER_SEND_TASK_EVENTS", default=False)
+
 # --- autoplane --------------------------------------------------------------
 AUTOPLANE_SIGNING_KEY = env.str("AUTOPLANE_SIGNING_KEY", default="")
 AUTOPLANE_SIGNING_KEY_FILE = Path(

@@ -247,6 +247,7 @@ class WorkerProcess(LiveProcess):
         self, queues: Sequence[str] = QUEUES, *, concurrency: int = 1, pool: str = "prefork",
         name: str | None = None, env: dict[str, str] | None = None, extra_args: Sequence[str] = (),
         include: Sequence[str] = ("tests.tasks",),
+        flags: Sequence[str] = ("--without-gossip", "--without-mingle", "--without-heartbeat"),
     ):  # fmt: skip
         name = name or f"worker-{uuid.uuid4().hex[:6]}"
         self.queues = list(queues)
@@ -254,8 +255,7 @@ class WorkerProcess(LiveProcess):
         self.pool = pool
         argv = [
             sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", ",".join(self.queues),
-            "-n", f"{name}@%h", "-c", str(concurrency), "-P", pool, "-l", "INFO",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            "-n", f"{name}@%h", "-c", str(concurrency), "-P", pool, "-l", "INFO", *flags,
             *(["-I", ",".join(include)] if include else []), *extra_args,
         ]  # fmt: skip
         super().__init__(argv, name=name, env=env)

@@ -89,6 +89,18 @@ def fresh_metrics_dir(port: int) -> Path:
     return path
 
 
+def worker_flags(*, embedded: bool) -> list[str]:
+    """Gossip and mingle need broker broadcast and only slow the start (/healthz uses ops heartbeats).
+
+    Celery gives a worker an event dispatcher only when task events are on, or gossip
+    or the event heartbeat is: on Redis and RabbitMQ the heartbeat stays (one small
+    message every 2 s), so ``celery control enable_events`` and Flower work without a
+    restart. The embedded broker cannot broadcast, so it has nothing to gain.
+    """
+    flags = ["--without-gossip", "--without-mingle"]
+    return [*flags, "--without-heartbeat"] if embedded else flags
+
+
 def build_specs(*, host: str, port: int, concurrency: dict[str, int], web_workers: int) -> list[ChildSpec]:
     python = sys.executable
     env = {
@@ -116,9 +128,7 @@ def build_specs(*, host: str, port: int, concurrency: dict[str, int], web_worker
         worker = [
             python, "-m", "celery", "--quiet", "-A", "config", "worker", "-Q", queue, "-n", f"{queue}@%h",
             "-c", str(concurrency[queue]), "-P", "prefork", "-O", "fair", "-l", "INFO",
-            # gossip, mingle and event heartbeats need broker broadcast (the embedded
-            # broker has none) and only slow the start; /healthz uses ops heartbeats.
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            *worker_flags(embedded=settings.BROKER_IS_EMBEDDED),
         ]  # fmt: skip
         specs.append(ChildSpec(f"worker-{_short(queue)}", worker, env, cwd))
     beat = [python, "-m", "celery", "--quiet", "-A", "config", "beat", "-S", "django_celery_beat.schedulers:DatabaseScheduler",
