@@ -40,6 +40,11 @@ _CURSOR_SALT = "autoplane.api.cursor"
 _BAD_CURSOR = "not a cursor of this list: follow the next or previous link as it was given"
 
 
+def cursor_token(values: list, *, backwards: bool = False) -> str:
+    """The ``?cursor=`` that starts a page after (or, backwards, before) the row with ``values``."""
+    return signing.dumps({"k": values, "b": backwards}, salt=_CURSOR_SALT, compress=False)
+
+
 def keyset_after(keys: tuple[str, ...], values: list, *, backwards: bool = False) -> Q:
     """Rows strictly after ``values`` in the order ``keys`` (e.g. ``("-created_at", "-id")``).
 
@@ -123,7 +128,7 @@ class KeysetPagination(pagination.BasePagination):
             value if isinstance(value, int) else str(value)
             for value in (getattr(row, f) for f in self._fields())
         ]
-        token = signing.dumps({"k": values, "b": backwards}, salt=_CURSOR_SALT, compress=False)
+        token = cursor_token(values, backwards=backwards)
         params = {
             k: v for k, v in self.request.query_params.items() if k not in (self.cursor_query_param, "page")
         }

@@ -65,7 +65,9 @@ def test_approve_is_not_offered_to_someone_who_already_approved(people, parked):
     page = reverse("admin:approvals_approval_change", args=[parked.approval.pk])
     assert 'id="approve-button"' in alice.get(page).content.decode()
 
-    services.approval_decide(approval_id=parked.approval.pk, user=people.alice, decision="approve", via="admin")
+    services.approval_decide(
+        approval_id=parked.approval.pk, user=people.alice, decision="approve", via="admin"
+    )
 
     body = alice.get(page).content.decode()
     assert 'id="approve-button"' not in body
@@ -85,6 +87,8 @@ def test_approve_is_not_offered_to_whom_four_eyes_excludes(people, parked):
 
 
 def test_a_viewer_is_told_why_there_is_no_approve_button(people, parked):
-    body = _staff(people.vera).get(reverse("admin:approvals_approval_change", args=[parked.approval.pk])).content
+    body = (
+        _staff(people.vera).get(reverse("admin:approvals_approval_change", args=[parked.approval.pk])).content
+    )
     assert 'id="approve-button"' not in body.decode()
     assert "does not allow approving" in body.decode()

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand
 from rest_framework.test import APIClient
 
-from bench import engine_bench, hotpath_profile, http_bench
+from bench import engine_bench, history_bench, hotpath_profile, http_bench
 from bench.workers import Workers
 from config.celery import QUEUES
 from ops.management.commands.up import default_web_workers
@@ -24,6 +24,10 @@ class Command(BaseCommand):
         parser.add_argument("--see", choices=["db", "api"], default="db",
                             help="with --http: how the client sees a run final: poll the database, or GET the run")  # fmt: skip
         parser.add_argument("--poll-ms", type=float, default=1.0, help="with --http: poll interval")
+        parser.add_argument("--history", type=int, nargs="+", metavar="RUNS", help="seed run history up to each "
+                            "size in turn (e.g. 10000 100000) and time every list over it (issue 19); test "
+                            "databases only")  # fmt: skip
+        parser.add_argument("--yes-this-is-a-test-database", action="store_true", dest="confirmed")
         parser.add_argument("--profile", action="store_true", help="in-process, no workers: SQL statements and "
                             "CPU per webhook fire and per one-step run execution")  # fmt: skip
         parser.add_argument("--profile-top", type=int, default=0, help="with --profile: print the top N cProfile "
@@ -35,6 +39,9 @@ class Command(BaseCommand):
         from django.conf import settings
 
         logging.getLogger().setLevel(logging.WARNING)  # per-step INFO lines would drown the figures
+        if options["history"]:
+            self._history(options["history"], options["confirmed"])
+            return
         if options["profile"]:
             figures = hotpath_profile.run(n=n, top=options["profile_top"], out=self.stdout.write)
             self.stdout.write("\nsummary: " + ", ".join(f"{k}={v:.3g}" for k, v in figures.items()))
@@ -85,3 +92,17 @@ class Command(BaseCommand):
                 sandbox_bench.bench_sandbox_overhead(50, report=report)
                 sandbox_bench.bench_fast_queue_sandboxed(max(50, runs // 4), report=report, baseline=True)
         self.stdout.write("\nsummary: " + ", ".join(f"{k}={v:.3g}" for k, v in report.figures.items()))
+
+    def _history(self, sizes: list[int], confirmed: bool) -> None:
+        history_bench.check_database(confirmed)
+        figures = {}
+        for size in sorted(sizes):
+            have = history_bench.seeded_runs()
+            if size > have:
+                self.stdout.write(f"seeding {size - have} runs (to {size})")
+                seeded = history_bench.seed(size - have, out=self.stdout.write)
+                self.stdout.write(f"  {seeded['runs_per_s']:.0f} runs/s")
+            self.stdout.write(f"measuring at {size} runs")
+            figures[size] = history_bench.measure(out=self.stdout.write)
+            figures[size]["storage bytes/run"] = (history_bench.storage_per_run() or {}).get("total", 0)
+        self.stdout.write("\n" + history_bench.table(figures))
