@@ -122,7 +122,7 @@ class AutomationAdmin(WorkspaceScopedAdmin):
     ]
     list_filter = ["status", "workspace"]
     search_fields = ["name", "id"]
-    actions = ["run_now", "pause", "resume"]
+    actions = ["run_now", "pause", "resume", "purge"]
     change_form_template = "admin/automations/automation/change_form.html"
     PAGES = ["recent_runs", "version_history"]
 
@@ -278,21 +278,36 @@ class AutomationAdmin(WorkspaceScopedAdmin):
         """Versions are written by the service, never edited here."""
 
     def delete_model(self, request, obj):
-        services.automation_delete(automation=obj, user=request.user)
+        """Delete archives (as the API's DELETE does): the runs stay; purging is the separate action."""
+        services.automation_archive(automation=obj, user=request.user)
 
     def get_deleted_objects(self, objs, request):
-        # Versions, triggers and finished runs go with their automation; the service
-        # decides what may be deleted (no active runs) and audits it.
-        deleted, model_count, _perms_needed, protected = super().get_deleted_objects(objs, request)
-        return deleted, model_count, set(), protected
+        # Nothing but the automation is affected: archiving keeps its runs, versions and triggers.
+        names = [f"{obj} (archived: its runs, steps and versions stay readable)" for obj in objs]
+        return names, {"automations": len(names)}, set(), []
 
     def delete_queryset(self, request, queryset):
-        """The bulk "Delete selected" action: the same service, audit and checks as one delete."""
+        """The bulk "Delete selected" action: archives, with the same service, audit and checks as one."""
         for automation in queryset:
             try:
-                services.automation_delete(automation=automation, user=request.user)
+                services.automation_archive(automation=automation, user=request.user)
             except services.RunActionRefused as exc:
                 self.message_user(request, f"{automation.name}: {exc.message}", messages.ERROR)
+
+    @admin.action(description="Purge archived automations for good (runs, steps, versions; superusers)")
+    def purge(self, request, queryset):
+        if not request.user.is_superuser:
+            self.message_user(request, "only a superuser may purge automations", messages.ERROR)
+            return
+        for automation in queryset:
+            try:
+                counts = services.automation_purge(automation=automation, user=request.user)
+            except services.RunActionRefused as exc:
+                self.message_user(request, f"{automation.name}: {exc.message}", messages.ERROR)
+            else:
+                self.message_user(
+                    request, f"{automation.name} purged ({counts['runs']} runs)", messages.SUCCESS
+                )
 
     @admin.action(description="Run now")
     def run_now(self, request, queryset):

@@ -212,6 +212,8 @@ def dispatch(request: DispatchRequest) -> DispatchResult:
         automation = Automation.objects.filter(pk=request.automation_id).first()
     if automation is None:
         raise DispatchError("NOT_FOUND", "automation not found", 404)
+    if automation.archived_at is not None:
+        raise DispatchError("CONFLICT", "the automation is archived", 409)
     snapshot = automation.definition
     inputs = resolve_inputs(snapshot, request.inputs, request, automation)
     execution = snapshot.get("execution") or {}
@@ -228,6 +230,8 @@ def dispatch(request: DispatchRequest) -> DispatchResult:
                 instruments.fired(trigger_type=request.trigger_type, result="replayed")
                 return replay
         admission, automation = admit(automation, concurrency_key)
+        if automation.archived_at is not None:  # archived while this dispatch was on its way
+            raise DispatchError("CONFLICT", "the automation is archived", 409)
         snapshot = automation.definition
         actor_refs = {"automation": str(automation.pk), "trigger": str(request.trigger_id or "")}
         if admission == Admission.DROP:

@@ -23,6 +23,11 @@ def automations_visible_to(user) -> QuerySet[Automation]:
     )
 
 
+def automations_listed_for(user, *, archived: bool = False) -> QuerySet[Automation]:
+    """The automations a list shows: live ones, or with ``archived`` only the archived ones."""
+    return automations_visible_to(user).filter(archived_at__isnull=not archived)
+
+
 def runs_visible_to(user) -> QuerySet[Run]:
     return (
         Run.objects.filter(workspace_id__in=workspace_ids_for(user, Permission.VIEW))

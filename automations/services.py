@@ -112,6 +112,7 @@ def automation_update(
     *, automation: Automation, user=None, definition: Any = None, status: str | None = None
 ) -> Automation:
     automation = Automation.objects.select_for_update(no_key=True).get(pk=automation.pk)
+    refuse_archived(automation)
     changes: dict[str, Any] = {}
     if definition is not None and definition != automation.definition:
         definition_check(definition, automation.workspace, automation.pk)
@@ -163,18 +164,75 @@ def automation_version_restore(*, automation: Automation, version: int, user=Non
     return saved
 
 
+class AutomationArchived(ServiceError):
+    """The automation is archived: it can be read, not edited or run."""
+
+    default_status = 409
+
+    def __init__(self, message: str = "the automation is archived") -> None:
+        super().__init__("CONFLICT", message, 409)
+
+
+def refuse_archived(automation: Automation) -> None:
+    if automation.archived_at is not None:
+        raise AutomationArchived()
+
+
+def _refuse_active_runs(automation: Automation, what: str) -> None:
+    if automation.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists():
+        raise RunActionRefused("CONFLICT", f"the automation has active runs; cancel them before {what}")
+
+
 @transaction.atomic
-def automation_delete(*, automation: Automation, user=None) -> None:
-    active = automation.runs.filter(status__in=ACTIVE_RUN_STATUSES).exists()
-    if active:
-        raise RunActionRefused("CONFLICT", "the automation has active runs; cancel them first")
+def automation_archive(*, automation: Automation, user=None) -> Automation:
+    """What DELETE does: the automation leaves lists, its triggers stop (beat entries disabled,
+    webhooks and events no longer fire) and it cannot run; its runs, steps, versions and
+    triggers' history stay. Archiving an archived automation changes nothing."""
+    automation = Automation.objects.select_for_update(no_key=True).get(pk=automation.pk)
+    if automation.archived_at is not None:
+        return automation
+    _refuse_active_runs(automation, "archiving it")
+    automation.archived_at = timezone.now()
+    automation.archived_by = user if user and user.is_authenticated else None
+    automation.save(update_fields=["archived_at", "archived_by", "updated_at"])
+    writer.append(
+        trace_id=uuid.uuid4().hex, type="automation.archived", summary=f"automation {automation.name} archived",
+        workspace_id=automation.workspace_id, actor=writer.actor_for(user), refs={"automation": str(automation.pk)},
+        payload={"version": automation.version},
+    )  # fmt: skip
+    for hook in automation_saved_hooks:  # triggers follow: an archived automation's are disabled
+        hook(automation)
+    return automation
+
+
+@transaction.atomic
+def automation_purge(*, automation: Automation, user=None, actor: str | None = None) -> dict[str, int]:
+    """Delete an archived automation with its runs, steps, versions and triggers, for good.
+
+    Admin-only (the caller checks: the admin action asks for a superuser, the
+    ``purge_automation`` command for shell access). Refused unless archived and while
+    runs are active. The ledger keeps every row it had (audit rows are never deleted)
+    and records the purge with what was removed, so it still verifies.
+    """
+    automation = Automation.objects.select_for_update(no_key=True).get(pk=automation.pk)
+    if automation.archived_at is None:
+        raise RunActionRefused("CONFLICT", "archive the automation before purging it")
+    _refuse_active_runs(automation, "purging it")
+    counts = {
+        "runs": automation.runs.count(),
+        "steps": StepRun.objects.filter(run__automation=automation).count(),
+        "versions": automation.versions.count(),
+    }
     for hook in automation_deleted_hooks:
         hook(automation)
     writer.append(
-        trace_id=uuid.uuid4().hex, type="automation.deleted", summary=f"automation {automation.name} deleted",
-        workspace_id=automation.workspace_id, actor=writer.actor_for(user), refs={"automation": str(automation.pk)},
+        trace_id=uuid.uuid4().hex, type="automation.purged",
+        summary=f"automation {automation.name} purged: {counts['runs']} runs, {counts['versions']} versions",
+        workspace_id=automation.workspace_id, actor=actor or writer.actor_for(user),
+        refs={"automation": str(automation.pk)}, payload={**counts, "name": automation.name},
     )  # fmt: skip
     automation.delete()
+    return counts
 
 
 def run_create(
@@ -235,6 +293,7 @@ def run_cancel(*, run: Run, user=None) -> Run:
 @transaction.atomic
 def run_rerun(*, run: Run, user=None, from_step: str | None = None) -> Run:
     """A new run of the same snapshot and inputs; from ``from_step`` reuses earlier outputs."""
+    refuse_archived(run.automation)
     plan = run.snapshot["plan"]
     start = 0
     context: dict[str, Any] = {}

@@ -119,7 +119,8 @@ def _teardown(workspace, automations) -> None:
         Run.objects.filter(automation=automation).delete()
         Trigger.objects.filter(automation=automation).delete()
         try:
-            services.automation_delete(automation=automation)
+            services.automation_archive(automation=automation)
+            services.automation_purge(automation=automation)
         except services.RunActionRefused:
             pass
 

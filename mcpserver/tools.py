@@ -140,7 +140,7 @@ def _visible_automation(call: Call, automation_id: str) -> Automation:
 
 
 def list_automations(call: Call, args: dict[str, Any]) -> dict[str, Any]:
-    automations = selectors.automations_visible_to(call.user).order_by("name", "id")
+    automations = selectors.automations_listed_for(call.user).order_by("name", "id")
     if args.get("search"):
         automations = automations.filter(name__icontains=args["search"])
     if args.get("status"):

@@ -58,7 +58,7 @@ def config_hash(config: Any) -> str:
 
 
 def _wanted(automation: Automation) -> dict[str, dict[str, Any]]:
-    active = automation.status == AutomationStatus.ACTIVE
+    active = automation.status == AutomationStatus.ACTIVE and automation.archived_at is None
     wanted = {}
     for spec in (automation.definition or {}).get("triggers") or []:
         config = spec.get("config") or {}

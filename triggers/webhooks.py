@@ -8,7 +8,8 @@ Checks, in order, each answered with a stable code and audited as
    constant time; it must belong to a webhook trigger of *this* automation that is
    enabled, not revoked, with the automation active. Every failure is the same 401,
    byte for byte (one code and message, rendered by the API error handler, +
-   ``WWW-Authenticate: Bearer``).
+   ``WWW-Authenticate: Bearer``). A valid token of an archived automation gets 410
+   ``GONE`` (its holder may learn that much).
 2. The per-trigger rate limit (``rate_limit_per_minute``, default 600): a fixed
    one-minute window counted in Redis when the broker is Redis (one INCR + EXPIRE
    round trip, no database commit per fire), else in the database with one atomic
@@ -93,6 +94,9 @@ SIGNATURE_TOLERANCE_SECONDS = 300
 MAX_SIGNATURE_HEADER_CHARS = 4096
 
 
+ARCHIVED = "automation archived"
+
+
 class WebhookRejected(ServiceError):
     """A fire that is refused with ``http_status`` and ``code``/``message`` (or ``errors``).
 
@@ -164,6 +168,8 @@ def _authenticate(request: FireRequest) -> tuple[Trigger | None, str, str | None
         return None, "not a webhook trigger", token
     if trigger.token_revoked_at is not None:
         return None, "revoked token", token
+    if trigger.automation.archived_at is not None:
+        return None, ARCHIVED, token
     if not trigger.enabled:
         return None, "trigger disabled", token
     if trigger.automation.status != AutomationStatus.ACTIVE:
@@ -372,6 +378,8 @@ def webhook_fire(request: FireRequest, *, now: datetime | None = None) -> Dispat
         if (blocked := rejections.address_blocked(address)) is not None:
             raise _too_many_failures(blocked, "client address blocked after failed authentications")
         trigger, reason, token = _authenticate(request)
+        if reason == ARCHIVED:  # the token is right: its holder may know the automation is gone
+            raise WebhookRejected(410, "GONE", "the automation is archived", reason=ARCHIVED)
         if trigger is None:
             addressed = _addressed(request)
             limited = rejections.auth_failed(address, str(addressed) if addressed else "-")

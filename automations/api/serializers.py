@@ -14,7 +14,9 @@ class AutomationOut(serializers.ModelSerializer):
 
     class Meta:
         model = Automation
-        fields = ["id", "name", "status", "version", "definition", "workspace", "created_at", "updated_at"]
+        fields = ["id", "name", "status", "version", "definition", "workspace", "created_at", "updated_at",
+                  "archived_at"]  # fmt: skip
+        extra_kwargs = {"archived_at": {"help_text": "set when the automation was archived (DELETE)"}}
 
 
 class AutomationVersionOut(serializers.ModelSerializer):
@@ -84,6 +86,12 @@ class AutomationWrite(serializers.Serializer):
 
 class AutomationReplace(AutomationWrite):
     definition = serializers.JSONField()
+
+
+class AutomationQuery(serializers.Serializer):
+    archived = serializers.BooleanField(
+        required=False, default=False, help_text="true: only archived automations (default: only live ones)"
+    )
 
 
 class RunQuery(serializers.Serializer):

@@ -22,6 +22,7 @@ from ..dispatcher import DispatchResult, request_hash
 from ..models import Run
 from .serializers import (
     AutomationOut,
+    AutomationQuery,
     AutomationReplace,
     AutomationVersionOut,
     AutomationWrite,
@@ -56,11 +57,16 @@ def _dispatch_response(result: DispatchResult) -> Response:
     return Response(body, status=status_code)
 
 
+@extend_schema(parameters=[AutomationQuery], methods=["GET"])
 class AutomationList(generics.ListAPIView):
     serializer_class = AutomationOut
 
     def get_queryset(self):
-        return selectors.automations_visible_to(self.request.user).order_by("name", "id")
+        query = AutomationQuery(data=self.request.query_params)
+        query.is_valid(raise_exception=True)
+        return selectors.automations_listed_for(
+            self.request.user, archived=query.validated_data["archived"]
+        ).order_by("name", "id")
 
     @extend_schema(request=AutomationWrite, responses={201: AutomationOut, **errors(404)})
     def post(self, request):
@@ -110,10 +116,14 @@ class AutomationDetail(generics.RetrieveAPIView):
     def patch(self, request, pk):
         return self._write(request, partial=True)
 
+    @extend_schema(
+        responses={204: None, **errors(404, 409)},
+        summary="Archive: out of lists, triggers off, cannot run; its runs, steps and versions stay readable",
+    )
     def delete(self, request, pk):
         automation = self.get_object()
         require(request.user, automation.workspace_id, Permission.OPERATE)
-        services.automation_delete(automation=automation, user=request.user)
+        services.automation_archive(automation=automation, user=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

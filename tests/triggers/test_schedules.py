@@ -152,14 +152,16 @@ def test_editing_the_cron_updates_the_same_trigger_and_its_crontab(db, make_auto
     assert schedules.next_fire_at(again, T0) == datetime(2030, 1, 7, 18, 15, tzinfo=UTC)  # 03:15 JST next day
 
 
-def test_removing_the_trigger_or_the_automation_removes_the_beat_entry(db, make_automation, owner):
+def test_removing_the_trigger_or_purging_the_automation_removes_the_beat_entry(db, make_automation, owner):
     first = make_automation(definition(name="first", triggers=[schedule()]))
     second = make_automation(definition(name="second", triggers=[schedule(cron="5 * * * *")]))
     first_task = Trigger.objects.get(automation=first).periodic_task_id
     second_task = Trigger.objects.get(automation=second).periodic_task_id
 
     services.automation_update(automation=first, user=owner, definition=definition(name="first"))
-    services.automation_delete(automation=second, user=owner)
+    services.automation_archive(automation=second, user=owner)
+    assert PeriodicTask.objects.get(pk=second_task).enabled is False, "archived: the beat entry is off"
+    services.automation_purge(automation=second, user=owner)
 
     assert not Trigger.objects.exists()
     assert not PeriodicTask.objects.filter(pk__in=[first_task, second_task]).exists()
@@ -394,7 +396,7 @@ def _wait_for(predicate, timeout: float) -> bool:
     return predicate()
 
 
-def test_admin_bulk_delete_goes_through_the_service_audits_and_removes_beat_entries(
+def test_admin_bulk_delete_archives_through_the_service_audits_and_disables_beat_entries(
     db, make_automation, owner
 ):
     first = make_automation(definition(name="first", triggers=[schedule()]))
@@ -410,7 +412,19 @@ def test_admin_bulk_delete_goes_through_the_service_audits_and_removes_beat_entr
     )
 
     assert response.status_code == 302
+    assert Automation.objects.filter(pk__in=[first.pk, second.pk], archived_at__isnull=False).count() == 2
+    assert not PeriodicTask.objects.filter(pk__in=tasks, enabled=True).exists()
+    archived = AuditEvent.objects.filter(type="automation.archived").values_list(
+        "refs__automation", flat=True
+    )
+    assert {str(first.pk), str(second.pk)} <= set(archived)
+
+    response = client.post(
+        "/admin/automations/automation/",
+        {"action": "purge", "_selected_action": [str(first.pk), str(second.pk)]},
+    )
+
+    assert response.status_code == 302
     assert not Automation.objects.filter(pk__in=[first.pk, second.pk]).exists()
     assert not PeriodicTask.objects.filter(pk__in=tasks).exists()
-    deleted = AuditEvent.objects.filter(type="automation.deleted").values_list("refs__automation", flat=True)
-    assert {str(first.pk), str(second.pk)} <= set(deleted)
+    assert AuditEvent.objects.filter(type="automation.purged").count() == 2
