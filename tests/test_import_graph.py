@@ -8,6 +8,9 @@ function-local import is caught too: such imports are forbidden outside
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,3 +114,19 @@ def test_no_function_local_imports(app):
     local = {m: lines for m, p in _sources(app).items() if (lines := _imports(m, p)[1]) and m not in OPTIONAL}
 
     assert local == {}
+
+
+def test_starting_django_does_not_import_the_mcp_sdk():
+    """Importing ``mcp`` costs ~1.5 s per process; only an MCP call or harvest loads it
+    (``capabilities.mcp_client._sdk``)."""
+    code = (
+        "import sys, django; django.setup(); "
+        "import config.celery, config.urls; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mcp', 'mcp_types') "
+        "or m == 'capabilities.mcp_sdk'))"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env,
+                            timeout=300, check=True)  # fmt: skip
+
+    assert result.stdout.strip() == "[]"

@@ -648,11 +648,11 @@ def test_admin_adds_an_http_server(admin_client, workspace, mcp_http):
 
 
 def _classify(phase, *errors, status=None, read_only=False):
-    from capabilities import mcp_client
+    from capabilities import mcp_client, mcp_sdk
 
-    probe = mcp_client._Probe(phase=phase, statuses={phase: status} if status else {})
+    probe = mcp_sdk._Probe(phase=phase, statuses={phase: status} if status else {})
     conn = mcp_client.Connection(label="files", transport="http", timeout=5)
-    return mcp_client._classify(ExceptionGroup("transport", list(errors)), probe, conn, read_only=read_only)
+    return mcp_sdk._classify(ExceptionGroup("transport", list(errors)), probe, conn, read_only=read_only)
 
 
 def test_failure_classification():
@@ -692,12 +692,12 @@ def test_failure_classification():
 def test_the_sdk_runs_even_inside_a_running_event_loop():
     import asyncio
 
-    from capabilities import mcp_client
+    from capabilities import mcp_sdk
 
     async def inner() -> int:
         return 7
 
     async def outer() -> int:
-        return mcp_client.run_async(inner)
+        return mcp_sdk.run_async(inner)
 
     assert asyncio.run(outer()) == 7
