@@ -8,7 +8,8 @@ more than once (late acks), so every dispatch is deduplicated on
 An event is tested only against the enabled event triggers of its workspace that
 subscribe to its ``event_type`` (an indexed lookup), so the cost of matching does
 not depend on how many other triggers exist. Compiled filters are cached per
-process under ``(trigger id, config hash)``: an edited filter gets a new entry.
+process by trigger id with the config hash they were compiled from: an edited
+filter is compiled again, an unchanged one never is.
 
 For each subscriber:
 
@@ -49,25 +50,37 @@ from .models import Trigger, TriggerType
 
 logger = logging.getLogger(__name__)
 
+# Compiled filters per process, by trigger id: (config hash, compiled). An edited trigger
+# replaces its own entry; the cache grows with the live triggers (never cleared wholesale,
+# which made every delivery recompile every filter once a type had more than the limit),
+# and past the limit it forgets the triggers that no longer exist.
 MAX_CACHED_FILTERS = 4096
 
-_cache: dict[tuple[Any, str], CompiledFilter | None] = {}
+_cache: dict[Any, tuple[str, CompiledFilter | None]] = {}
 _cache_lock = threading.Lock()
+_cache_limit = MAX_CACHED_FILTERS
 
 
 def compiled_filter(trigger_id: Any, config_hash: str, spec: Any) -> CompiledFilter | None:
     """The trigger's compiled filter (None: no filter, every event of the type matches)."""
-    key = (trigger_id, config_hash)
-    try:
-        return _cache[key]
-    except KeyError:
-        pass
+    entry = _cache.get(trigger_id)
+    if entry is not None and entry[0] == config_hash:
+        return entry[1]
     compiled = compile_filter(spec) if spec is not None else None  # raises FilterError
     with _cache_lock:
-        if len(_cache) >= MAX_CACHED_FILTERS:
-            _cache.clear()  # edits leave stale entries behind; start over rather than track them
-        _cache[key] = compiled
+        if trigger_id not in _cache and len(_cache) >= _cache_limit:
+            _forget_deleted_triggers()
+        _cache[trigger_id] = (config_hash, compiled)
     return compiled
+
+
+def _forget_deleted_triggers() -> None:
+    global _cache_limit
+    live = set(Trigger.objects.filter(type=TriggerType.EVENT).values_list("pk", flat=True))
+    for trigger_id in [key for key in _cache if key not in live]:
+        del _cache[trigger_id]
+    # Room for twice the live triggers, so the next sweep is as far away as this one.
+    _cache_limit = max(MAX_CACHED_FILTERS, 2 * len(_cache))
 
 
 def _subscribed(workspace_id: int, event_type: str):
