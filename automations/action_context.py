@@ -15,7 +15,7 @@ from capabilities import llm, registry
 from capabilities.base import ActionContext, CostMeter, Envelope
 from capabilities.credentials import credential_resolve
 
-from . import events
+from . import events, transient
 from .models import Run
 
 
@@ -28,9 +28,11 @@ def action_context(run: Run, step: dict[str, Any], attempt: int, key: str, timeo
     def resolve_credential(
         name: str, *, destination: str | None = None, code_step: bool = False
     ) -> dict[str, Any]:
-        value, secret_values = credential_resolve(workspace_id=run.workspace_id, name=name,
-                                                  automation_id=run.automation_id, destination=destination,
-                                                  code_step=code_step)  # fmt: skip
+        value, secret_values = transient.with_retries(
+            lambda: credential_resolve(workspace_id=run.workspace_id, name=name, automation_id=run.automation_id,
+                                       destination=destination, code_step=code_step),
+            f"run {run.pk}: resolving a credential",
+        )  # fmt: skip
         secrets.extend(secret_values)
         return value
 
@@ -64,7 +66,10 @@ def action_context(run: Run, step: dict[str, Any], attempt: int, key: str, timeo
         resolve_credential=resolve_credential,
         publish_event=publish_event,
         call_capability=call_capability,
-        cancel_requested=lambda: Run.objects.filter(pk=run.pk, cancel_requested=True).exists(),
+        # Reads a handler makes mid-call: a database blip waits, it does not fail the call.
+        cancel_requested=lambda: transient.with_retries(
+            Run.objects.filter(pk=run.pk, cancel_requested=True).exists, f"run {run.pk}: cancel check"
+        ),
         secrets=secrets,
         resolve_llm=llm.require_llm,
         **extra,

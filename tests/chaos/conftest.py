@@ -1,8 +1,9 @@
 """The chaos suite (issue 18): real faults against a real ``manage.py up``.
 
-``uv run pytest -m chaos`` runs every case at full size (before a release).
-A plain ``uv run pytest`` deselects the suite (the quick sizes of cases 0, 1,
-2 and 5, marked ``chaos_quick``, are meant for CI but not wired in yet). The suite needs the
+``uv run pytest -m chaos`` runs every case (0-7) at full size (before a release).
+``uv run pytest -m chaos_quick tests/chaos`` runs cases 0, 1, 2 and 5 at quick
+sizes (a few minutes: ``.ci/run`` runs it on the PostgreSQL + Redis lane). A plain
+``uv run pytest`` deselects the suite. The suite needs the
 PostgreSQL + Redis lane (``DATABASE_URL=postgres://...``): it makes a database
 of its own there (``<name>_chaos``) and starts a private ``redis-server``; the
 embedded lane skips it.
@@ -27,7 +28,7 @@ def pytest_collection_modifyitems(config, items):
         return
     keep, drop = [], []
     for item in items:
-        # Not in the normal run yet: the quick cases (chaos_quick) still need a CI run of their own.
+        # Not in the normal run: the quick cases have a CI step of their own (-m chaos_quick).
         (drop if item.get_closest_marker("chaos") is not None else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)

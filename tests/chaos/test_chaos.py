@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import threading
 import time
@@ -18,6 +19,7 @@ import uuid
 from collections import Counter
 
 import httpx
+import psycopg
 import pytest
 
 from tests.live import descendants_of
@@ -29,8 +31,8 @@ pytestmark = [pytest.mark.chaos, pytest.mark.timeout(1200)]
 
 @pytest.fixture
 def full(request) -> bool:
-    """Full sizes under ``-m chaos``; the quick CI sizes otherwise."""
-    return "chaos" in (request.config.option.markexpr or "")
+    """Full sizes under ``-m chaos``; the quick CI sizes under ``-m chaos_quick``."""
+    return re.search(r"\bchaos\b", request.config.option.markexpr or "") is not None
 
 
 def _definition(name: str, plan: list[dict], *, signed: bool = False, timeout: int = 300) -> dict:
@@ -263,3 +265,228 @@ def test_case2_the_broker_stopped_and_restarted_empty(platform, full):
         f"runs finished {recovered:.1f} s after the broker returned"
     )
     wait_for(platform.healthy, 60, 0.5, "healthy again")
+
+
+# --- case 3: FLUSHALL while runs are queued, and while events are queued ------------------------------
+
+
+def test_case3_flushall_while_runs_and_events_are_queued(platform, full):
+    rec = platform.recorder
+    n_runs, n_events = (60, 30) if full else (20, 10)
+    event_type = f"chaos.flush.{uuid.uuid4().hex[:6]}"
+    hook = platform.automation(_definition("flush", [_http("post", "POST", rec, params={"hold": 0.5})]))
+    on_event = _http("ev", "POST", rec)
+    on_event["config"]["url"] = rec.url("ev{{ event.payload.n }}")  # counted per event
+    subscribed = _definition("on-event", [on_event])
+    subscribed["triggers"] = [{"key": "on", "type": "event", "config": {"event_type": event_type}}]
+    created = platform.api("POST", "/automations", json=subscribed)
+    assert created.status_code == 201, created.text
+
+    runs = []
+    for n in range(n_runs):  # a backlog: two pool processes, 0.5 s a run
+        response = platform.fire(hook, {"n": n})
+        assert response.status_code == 202, response.text
+        runs.append(response.json()["run_id"])
+    statuses: Counter[int] = Counter()
+    for n in range(n_events):
+        response = platform.api("POST", "/events", json={"event_type": event_type, "payload": {"n": n}},
+                                headers={"Idempotency-Key": f"{event_type}-{n}"})  # fmt: skip
+        statuses[response.status_code] += 1
+    flushed_backlog = platform.redis.cli("DBSIZE")
+    assert platform.redis.cli("FLUSHALL") == "OK"
+    flushed = time.monotonic()
+
+    final = platform.wait_final(runs, 120 if full else 90)
+    event_runs = wait_for(
+        lambda: (lambda hits: hits if len(hits) == n_events else None)(
+            {h.step for h in rec.hits if h.step.startswith("ev")}
+        ),
+        60, 0.5, f"all {n_events} events' runs to call the recorder",
+    )  # fmt: skip
+    settled = time.monotonic() - flushed
+    posts = Counter(len(rec.of(run_id, "post")) for run_id in runs)
+    per_event = Counter(h.step for h in rec.hits if h.step.startswith("ev"))
+    _report("3 FLUSHALL", runs=len(runs), events=n_events, event_answers=dict(statuses),
+            redis_keys_flushed=flushed_backlog, statuses=dict(Counter(r["status"] for r in final.values())),
+            requests_per_run=dict(posts), event_runs=len(event_runs), runs_per_event=dict(Counter(per_event.values())),
+            all_done_s_after_flush=round(settled, 1))  # fmt: skip
+    assert statuses == {202: n_events}
+    assert all(r["status"] == "succeeded" for r in final.values())
+    assert posts == {1: n_runs}, "a run lost or repeated its POST"
+    assert set(per_event.values()) == {1}, per_event
+    _ledger_verifies(platform)
+
+
+# --- case 4: every database connection killed mid-load -------------------------------------------------
+
+
+def test_case4_every_database_connection_killed_mid_load(platform, full):
+    rec = platform.recorder
+    n_runs = 40 if full else 16
+    hook = platform.automation(_definition("db-kill", [
+        _http("put", "PUT", rec, params={"hold": 0.3}),
+        _http("post", "POST", rec, params={"hold": 0.3}),
+    ]))  # fmt: skip
+    answers: Counter[str] = Counter()
+    accepted: dict[str, str] = {}
+
+    def fire_until_accepted(n: int) -> None:
+        key = f"db-{n}-{uuid.uuid4().hex[:6]}"
+        for _ in range(120):  # a client that retries with the same key, as a 503 asks it to
+            try:
+                response = platform.fire(hook, {"n": n}, key=key)
+                answers[str(response.status_code)] += 1
+                if response.status_code in (200, 202):
+                    accepted[key] = response.json()["run_id"]
+                    return
+            except httpx.HTTPError as exc:
+                answers[type(exc).__name__] += 1
+            time.sleep(0.5)
+
+    firing = [threading.Thread(target=fire_until_accepted, args=(n,), daemon=True) for n in range(n_runs)]
+    killed = 0
+    for n, thread in enumerate(firing):
+        thread.start()
+        if n == n_runs // 4:
+            killed += platform.postgres.terminate_connections()
+        time.sleep(0.1)
+    time.sleep(1.0)
+    # The database goes away mid-load (a restart): every connection killed, new ones refused for 3 s.
+    platform.postgres.block_connections(True)
+    killed += platform.postgres.terminate_connections()
+    time.sleep(3.0)
+    killed += platform.postgres.terminate_connections()
+    platform.postgres.block_connections(False)
+    back = time.monotonic()
+    for thread in firing:
+        thread.join(90)
+
+    final = platform.wait_final(accepted.values(), 120)
+    last_final = max(r["seen_final_at"] for r in final.values()) - back
+    resumed = min((h.at for h in rec.hits if h.at > back), default=back) - back
+    statuses = Counter(r["status"] for r in final.values())
+    posts = Counter(len(rec.of(run_id, "post")) for run_id in accepted.values())
+    _report("4 database connections killed", runs=len(accepted), connections_killed=killed, answers=dict(answers),
+            statuses=dict(statuses), requests_per_run=dict(posts),
+            first_call_s_after_db_back=round(resumed, 1),
+            all_final_s_after_db_back=round(last_final, 1))  # fmt: skip
+    assert len(accepted) == n_runs, "a fire was never accepted"
+    assert not [a for a in answers if a not in ("200", "202", "503")], answers
+    assert statuses == {"succeeded": n_runs}, statuses
+    assert posts == {1: n_runs}, "a POST was lost or repeated"
+    # The work went on within 15 s of the database's return, and the backlog drained at its own pace.
+    assert resumed <= 15, f"the first call after the database returned came {resumed:.1f} s later"
+    assert last_final <= 15 + n_runs * 0.6, f"runs finished {last_final:.1f} s after the database returned"
+    wait_for(platform.healthy, 60, 0.5, "healthy again")
+    _ledger_verifies(platform)
+
+
+# --- case 6: a web worker killed between commit and publish, the client retrying with the same key ---
+
+
+def test_case6_web_killed_between_commit_and_publish(platform, full):
+    rec = platform.recorder
+    n_fires = 8  # about the web's threads: the fires it took are held in their publish when it is killed
+    hook = platform.automation(_definition("web-kill", [_http("post", "POST", rec)]))
+    keys = [f"w-{n}-{uuid.uuid4().hex[:6]}" for n in range(n_fires)]
+    first: dict[str, str] = {}
+
+    def fire_once(key: str) -> None:
+        try:
+            first[key] = str(platform.fire(hook, {}, key=key).status_code)
+        except httpx.HTTPError as exc:
+            first[key] = type(exc).__name__
+
+    # The broker stops answering (SIGSTOP): a fire commits its run, then hangs in the publish.
+    os.kill(platform.redis.proc.pid, signal.SIGSTOP)
+    try:
+        held = [threading.Thread(target=fire_once, args=(key,), daemon=True) for key in keys]
+        for thread in held:
+            thread.start()
+        counts: list[int] = []
+
+        def settled() -> int | None:  # as many runs committed as the web's threads could take
+            counts.append(_runs_of(platform, hook["id"]))
+            return counts[-1] if counts[-1] and counts[-6:] == [counts[-1]] * 6 else None
+
+        committed = wait_for(settled, 60, 0.5, "the held fires to commit their runs")
+        web = platform.children()["web"]["pid"]
+        web_workers = descendants_of(web)
+        for pid in web_workers:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        os.kill(platform.redis.proc.pid, signal.SIGCONT)
+    resumed = time.monotonic()
+    for thread in held:
+        thread.join(30)
+
+    retried: dict[str, str] = {}
+    for key in keys:  # the client did not get an answer: it retries with the same key
+        response = wait_for(lambda key=key: _fire_or_none(platform, hook, key), 60, 0.5, "web back")
+        assert response.status_code in (200, 202), response.text
+        retried[key] = response.json()["run_id"]
+    final = platform.wait_final(retried.values(), 60)
+    started = max(r["seen_final_at"] for r in final.values()) - resumed
+    _report("6 web killed between commit and publish", fires=n_fires, committed_before_kill=committed,
+            web_workers_killed=len(web_workers), first_answers=dict(Counter(first.values())),
+            runs=len(set(retried.values())), statuses=dict(Counter(r["status"] for r in final.values())),
+            requests_per_run=dict(Counter(len(rec.of(r, "post")) for r in retried.values())),
+            all_final_s_after_kill=round(started, 1))  # fmt: skip
+    assert _runs_of(platform, hook["id"]) == n_fires, "a retry with the same key made a second run"
+    assert len(set(retried.values())) == n_fires
+    assert all(r["status"] == "succeeded" for r in final.values())
+    assert all(len(rec.of(r, "post")) == 1 for r in retried.values())
+    assert started <= 15, f"the runs finished {started:.1f} s after the web came back"
+    _ledger_verifies(platform)
+
+
+def _runs_of(platform: Platform, automation: str) -> int:
+    with psycopg.connect(platform.postgres.url) as conn:
+        return conn.execute("SELECT count(*) FROM automations_run WHERE automation_id = %s",
+                            (automation,)).fetchone()[0]  # fmt: skip
+
+
+def _fire_or_none(platform: Platform, hook: dict, key: str) -> httpx.Response | None:
+    try:
+        response = platform.fire(hook, {}, key=key)
+    except httpx.HTTPError:
+        return None
+    return response if response.status_code < 500 else None
+
+
+# --- case 7: a poison run -------------------------------------------------------------------------------
+
+
+def test_case7_a_poison_run_fails_after_the_recovery_limit(platform, full):
+    """A retry-safe PUT whose worker dies every time it runs it: recovered 3 times, then failed."""
+    rec = platform.recorder
+    hook = platform.automation(
+        _definition("poison", [_http("put", "PUT", rec, timeout=8, params={"hold": 6})])
+    )
+    run_id = platform.fire(hook, {}).json()["run_id"]
+    kills, seen = 0, 0
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        run = platform.run(run_id)
+        if run["status"] in ("succeeded", "failed", "needs_attention", "cancelled", "timed_out"):
+            break
+        hits = len(rec.of(run_id, "put"))
+        if hits > seen:  # the step is running in a pool process: it dies with it
+            seen = hits
+            worker = platform.children()[f"worker-{run['queue'].removeprefix('automations_')}"]["pid"]
+            for pid in descendants_of(worker):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            kills += 1
+        time.sleep(0.1)
+    run = platform.run(run_id)
+    hits = rec.of(run_id, "put")
+    _report("7 poison run", kills=kills, requests=len(hits), keys=len({h.key for h in hits}), status=run["status"],
+            error=(run.get("error") or {}).get("code"))  # fmt: skip
+    assert run["status"] == "failed", run
+    assert run["error"]["code"] == "RECOVERY_LIMIT", run
+    assert len(hits) == 4, "the PUT runs once, then once per recovery (3)"
+    assert len({h.key for h in hits}) == 1, "a recovered retry-safe call keeps its key"
+    _ledger_verifies(platform)
