@@ -19,6 +19,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from .models import Run, RunStatus
+from .transitions import log_change
 
 
 class LostClaim(Exception):
@@ -78,5 +79,6 @@ def claim(run_id: str, me: str, *, held: bool = False) -> Run | None:
     if not taken:
         return None
     run = Run.objects.select_related("workspace").get(pk=run_id)
+    log_change(run.pk, RunStatus.RUNNING, detail=f"claimed by {me}")
     run.first_claim = run.started_at == now  # the Coalesce above kept an earlier start
     return run

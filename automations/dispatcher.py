@@ -34,6 +34,7 @@ from .concurrency import Admission, admit
 from .enqueue import run_enqueue
 from .expressions import template
 from .models import Automation, DispatchKey, Run, RunStatus
+from .transitions import log_change
 
 logger = logging.getLogger(__name__)
 
@@ -281,6 +282,8 @@ def dispatch(request: DispatchRequest) -> DispatchResult:
                      "queue": run.queue, "inputs": inputs, "held": hold},
         )  # fmt: skip
         instruments.fired(trigger_type=request.trigger_type, result="created")
+        log_change(run.pk, RunStatus.QUEUED, detail=f"{request.trigger_type} run of {automation.name}"
+                   + (", held behind an active run" if hold else ""))  # fmt: skip
         if not hold:
             run_enqueue(run)
     return DispatchResult(run=run, created=True)

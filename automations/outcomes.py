@@ -33,7 +33,7 @@ from .concurrency import run_settled
 from .enqueue import run_wake_at
 from .models import FINAL_RUN_STATUSES, Run, RunStatus, StepRun, StepStatus
 from .steps import ON_FAILURE, PLAN, definite_failure
-from .transitions import check_transition
+from .transitions import check_transition, log_change
 
 DEFAULT_RUN_TIMEOUT = 3600.0
 MAX_BACKOFF_SECONDS = 300.0
@@ -68,6 +68,10 @@ class RunRecorder:
         )
         if not updated:
             raise LostClaim(str(self.run.pk))
+        if "status" in fields and fields["status"] != self.run.status:
+            error = fields.get("error") or {}
+            log_change(self.run.pk, fields["status"], old=self.run.status,
+                       detail=f"{error.get('code', '')} {error.get('message', '')}".strip()[:200])  # fmt: skip
         for name, value in fields.items():
             if not hasattr(value, "resolve_expression"):
                 setattr(self.run, name, value)

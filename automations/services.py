@@ -38,7 +38,7 @@ from .models import (
     StepRun,
     StepStatus,
 )
-from .transitions import check_transition
+from .transitions import check_transition, log_change
 
 logger = logging.getLogger(__name__)
 
@@ -264,6 +264,7 @@ def run_cancel(*, run: Run, user=None) -> Run:
         summary = "cancel requested; the worker interrupts the running step (or stops after it, if it cannot be interrupted)"
     else:
         check_transition(run.status, RunStatus.CANCELLED)
+        log_change(run.pk, RunStatus.CANCELLED, old=run.status, detail=f"by {writer.actor_for(user)}")
         Run.objects.filter(pk=run.pk).update(
             status=RunStatus.CANCELLED, cancel_requested=True, finished_at=timezone.now(),
             error={"code": "CANCELLED", "message": "cancelled by an operator"},
@@ -330,6 +331,7 @@ def run_rerun(*, run: Run, user=None, from_step: str | None = None) -> Run:
             summary=f"run {new.pk} re-runs {run.pk}" + (f" from step {from_step}" if from_step else ""),
             workspace_id=run.workspace_id, actor=writer.actor_for(user), refs={"run": str(new.pk), "parent_run": str(run.pk)},
         )  # fmt: skip
+    log_change(new.pk, RunStatus.QUEUED, detail=f"re-run of {run.pk} by {writer.actor_for(user)}")
     run_enqueue(new)
     return new
 
@@ -373,6 +375,8 @@ def run_resolve(*, run: Run, resolution: str, user=None, reason: str = "", outpu
                       error={"code": "OUTCOME_UNKNOWN", "message": "marked failed by an operator"})  # fmt: skip
     check_transition(run.status, fields["status"])
     Run.objects.filter(pk=run.pk).update(**fields)
+    log_change(run.pk, fields["status"], old=run.status,
+               detail=f"resolved '{resolution}' by {writer.actor_for(user)}")  # fmt: skip
     writer.append(
         trace_id=run.trace_id, type="operator.run.resolved", summary=f"operator resolved the run: {resolution}",
         workspace_id=run.workspace_id, actor=writer.actor_for(user), refs={"run": str(run.pk)},
@@ -397,6 +401,7 @@ def run_resume(*, run_id: str, reason: str = "approval decided") -> bool:
     )
     if updated:
         run = Run.objects.get(pk=run_id)
+        log_change(run.pk, RunStatus.QUEUED, old=RunStatus.AWAITING_APPROVAL, detail=reason)
         writer.append(trace_id=run.trace_id, type="run.resumed", summary=f"run resumed: {reason}",
                       workspace_id=run.workspace_id, refs={"run": str(run.pk)})  # fmt: skip
         run_enqueue(run)

@@ -1,8 +1,14 @@
-"""The run state machine: every status change goes through ``check_transition``."""
+"""The run state machine: every status change goes through ``check_transition``, and is
+logged once, at INFO, by :func:`log_change` (logger ``autoplane.runs``)."""
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 from .models import RunStatus
+
+logger = logging.getLogger("autoplane.runs")
 
 S = RunStatus
 ALLOWED: dict[str, frozenset[str]] = {
@@ -43,3 +49,15 @@ def check_transition(current: str, new: str) -> None:
 def sources_for(new: str) -> list[str]:
     """Statuses from which ``new`` may be reached (for conditional updates)."""
     return [status for status, targets in ALLOWED.items() if new in targets]
+
+
+def log_change(run_id: Any, new: str, *, old: str | None = None, detail: str = "") -> None:
+    """The one log line of a run's state change, e.g. ``run 5f0c… running -> succeeded``.
+
+    Written right after the change is made, not on commit: no callback on the fire
+    path. A change whose transaction then fails is rare (the ledger, not the log, is
+    the record) and is followed by that failure's own ERROR line.
+    """
+    if logger.isEnabledFor(logging.INFO):
+        change = f"{old} -> {new}" if old and old != new else new
+        logger.info("run %s %s%s", run_id, change, f": {detail}" if detail else "")
