@@ -20,21 +20,19 @@ from __future__ import annotations
 
 import importlib
 import logging
-from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from urllib.parse import urlparse
 
 import pytest
 from django.conf import settings
-from django.utils import timezone
 
-from automations import executor
-from automations.models import Run, RunStatus
 from config.celery import QUEUES
-from workspaces.models import Role
+from workspaces.models import Role, Workspace
+from workspaces.services import workspace_get_or_create
 
 from . import live
-from .people import client_for, member
+from .factories import Driver, client_for, member
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +204,25 @@ def beat_process(transactional_db):
         beat.stop()
 
 
-# --- people (each test directory defines its own `workspace` and `other_workspace`) ------
+# --- the one set of workspaces, people and builders (tests/factories.py) -------------------
+@pytest.fixture
+def workspace(db):
+    """Workspace "acme", egress allowed to 127.0.0.1 (the tests' local servers)."""
+    ws = workspace_get_or_create(slug="acme")
+    Workspace.objects.filter(pk=ws.pk).update(egress_allowlist=["127.0.0.1"])
+    ws.refresh_from_db()
+    return ws
+
+
+@pytest.fixture
+def other_workspace(db):
+    """Workspace "globex", egress allowed to 127.0.0.1: another tenant."""
+    ws = workspace_get_or_create(slug="globex")
+    Workspace.objects.filter(pk=ws.pk).update(egress_allowlist=["127.0.0.1"])
+    ws.refresh_from_db()
+    return ws
+
+
 @pytest.fixture
 def owner(workspace):
     return member("owner", workspace, Role.ADMIN)
@@ -229,26 +245,21 @@ def outsider(other_workspace):
 
 
 @pytest.fixture
+def people(workspace, other_workspace, owner, operator, viewer, outsider) -> SimpleNamespace:
+    """Everyone at once: the two workspaces, owner, operator, viewer, outsider, and three approvers
+    of ``workspace`` (alice, bob, carol)."""
+    approvers = {name: member(name, workspace, Role.APPROVER) for name in ("alice", "bob", "carol")}
+    return SimpleNamespace(workspace=workspace, other_workspace=other_workspace, owner=owner, operator=operator,
+                           viewer=viewer, outsider=outsider, **approvers)  # fmt: skip
+
+
+@pytest.fixture
 def api(owner):
     return client_for(owner)
 
 
 @pytest.fixture
-def drive():
-    """``drive(run_id) -> Run``: the real executor in-process (the Celery task wraps the same call),
-    letting parked timers come due and expired leases be taken over, until the run is at rest."""
-
-    def _drive(run_id, max_rounds: int = 50) -> Run:
-        for _ in range(max_rounds):
-            run = Run.objects.get(pk=run_id)
-            if run.status == RunStatus.WAITING:
-                Run.objects.filter(pk=run_id).update(wake_at=timezone.now() - timedelta(seconds=1))
-            elif run.status == RunStatus.RUNNING:
-                if run.lease_expires_at is None or run.lease_expires_at > timezone.now():
-                    return run
-            elif run.status != RunStatus.QUEUED or run.enqueued_at is None:
-                return run
-            executor.execute_run(str(run_id))
-        raise AssertionError(f"run {run_id} did not come to rest")
-
-    return _drive
+def drive(request) -> Driver:
+    """The real executor in-process: ``drive(run_id)`` runs a run to rest; ``drive.automation(doc)``,
+    ``drive.start(automation)``, ``drive.decide(approval, user)``, ``drive.resume(run)`` (tests/factories.py)."""
+    return Driver(request)

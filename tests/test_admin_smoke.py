@@ -27,7 +27,7 @@ from automations.models import Draft, Run, RunStatus
 from capabilities.credentials import credential_create
 from capabilities.models import McpServer, McpTool
 from ops.models import Heartbeat
-from tests.people import member
+from tests.factories import member
 from triggers.models import Trigger, WebhookRateWindow
 from workspaces.models import Role
 from workspaces.services import workspace_get_or_create

@@ -20,7 +20,7 @@ from django.urls.resolvers import URLResolver
 from automations import services as engine
 from capabilities.credentials import credential_create
 from capabilities.mcp import mcp_server_create
-from tests.people import client_for, member
+from tests.factories import client_for, member
 from triggers.services import trigger_token_rotate
 from workspaces.models import Role
 from workspaces.services import workspace_get_or_create

@@ -17,7 +17,7 @@ from django.contrib.staticfiles import finders
 from rest_framework.test import APIClient
 
 from automations import services
-from tests.automations.factories import definition, transform
+from tests.factories import definition, transform
 
 pytestmark = pytest.mark.django_db
 

@@ -15,7 +15,7 @@ from audit.models import AuditEvent
 from automations import services
 from automations.models import Run, RunStatus
 from config.pagination import KeysetPagination
-from tests.people import client_for, member
+from tests.factories import client_for, member
 from workspaces.models import Role
 from workspaces.services import membership_set_role, workspace_get_or_create
 

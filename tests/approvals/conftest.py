@@ -3,12 +3,9 @@
 * a throwaway Ed25519 signing key per test;
 * ``sent``: every Celery message the code under test sends (nothing reaches a broker);
 * ``target``: a local HTTP server counting requests per path — the side effect;
-* ``people``: workspace "ops" (egress allowed to 127.0.0.1) with owen (admin), alice, bob
-  and carol (approvers), oscar (operator), vera (viewer); olga administers another workspace;
-* ``drive`` (helpers.Driver): create automations and drive runs in-process through the
-  real dispatcher and executor (``run_create`` → ``execute_run``; after a decision,
-  ``run_resume`` exactly as the ``autoplane.resume_run`` task does, then ``execute_run``);
-* ``committed_people`` / ``committed_drive``: the same on committed data (threads, processes).
+* ``_no_deployment_allowlist``: only the workspace's egress allowlist applies.
+
+``people`` and ``drive`` are the suite's own (tests/conftest.py, tests/factories.py).
 """
 
 from __future__ import annotations
@@ -23,8 +20,6 @@ from types import SimpleNamespace
 import pytest
 
 from audit import signing
-
-from .helpers import Driver
 
 
 @pytest.fixture(autouse=True)
@@ -111,55 +106,3 @@ def path_for():
 @pytest.fixture(autouse=True)
 def _no_deployment_allowlist(settings) -> None:
     settings.AUTOPLANE_EGRESS_ALLOWLIST = []
-
-
-def _make_people() -> SimpleNamespace:
-    from django.contrib.auth import get_user_model
-
-    from workspaces.models import Workspace
-    from workspaces.services import membership_set_role, workspace_get_or_create
-
-    users = get_user_model().objects
-    workspace = workspace_get_or_create(slug="ops")
-    Workspace.objects.filter(pk=workspace.pk).update(egress_allowlist=["127.0.0.1"])
-    workspace.refresh_from_db()
-    other = workspace_get_or_create(slug="elsewhere")
-    people = SimpleNamespace(workspace=workspace, other_workspace=other)
-    for name, role in [("owen", "admin"), ("alice", "approver"), ("bob", "approver"), ("carol", "approver"),
-                       ("oscar", "operator"), ("vera", "viewer")]:  # fmt: skip
-        user = users.create_user(username=name, password=f"{name}-password")
-        membership_set_role(workspace=workspace, user=user, role=role)
-        setattr(people, name, user)
-    people.olga = users.create_user(username="olga", password="olga-password")  # an outsider to "ops"
-    membership_set_role(workspace=other, user=people.olga, role="admin")
-    return people
-
-
-@pytest.fixture
-def people(db) -> SimpleNamespace:
-    return _make_people()
-
-
-@pytest.fixture
-def drive(people) -> Driver:
-    return Driver(people)
-
-
-# --- committed data (threads, a live server, worker processes) -----------------------------
-# The suite-wide tests/conftest.py lets the flush after a transactional test get past the
-# audit ledger's append-only guard.
-
-
-@pytest.fixture
-def committed(transactional_db) -> None:
-    """Rows are committed, so other threads and processes see them."""
-
-
-@pytest.fixture
-def committed_people(committed) -> SimpleNamespace:
-    return _make_people()
-
-
-@pytest.fixture
-def committed_drive(committed_people) -> Driver:
-    return Driver(committed_people)

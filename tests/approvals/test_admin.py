@@ -13,9 +13,8 @@ from django.utils import timezone
 
 from approvals.gate import standing_signature_valid
 from approvals.models import Approval, ApprovalStatus, StandingApproval
+from tests.factories import definition, risk_step
 from workspaces.models import Workspace
-
-from .helpers import definition, risk_step
 
 
 def _staff(user, *perms: str):
@@ -49,16 +48,18 @@ def test_changelist_shows_the_pending_count(alice, parked):
     body = response.content.decode()
     assert "Approvals — 1 pending" in body
     assert "remove_item" in body
-    assert "user:oscar" in body
+    assert "user:operator" in body
 
 
 def test_changelist_is_scoped_to_the_users_workspaces(people, parked):
-    olga = _staff(people.olga, "view_approval")
+    outsider = _staff(people.outsider, "view_approval")
 
-    response = olga.get(reverse("admin:approvals_approval_changelist"))
+    response = outsider.get(reverse("admin:approvals_approval_changelist"))
 
     assert "Approvals — 0 pending" in response.content.decode()
-    assert olga.get(reverse("admin:approvals_approval_change", args=[parked.approval.pk])).status_code == 302
+    assert (
+        outsider.get(reverse("admin:approvals_approval_change", args=[parked.approval.pk])).status_code == 302
+    )
 
 
 def test_detail_shows_the_payload_pretty_printed_and_the_buttons(alice, target, parked):
@@ -135,13 +136,13 @@ def test_list_actions_approve_and_deny_with_an_intermediate_reason_form(
 def test_admin_enforces_four_eyes_and_roles(drive, people, target, path_for):
     Workspace.objects.filter(pk=people.workspace.pk).update(four_eyes=True)
     run = drive.start(drive.automation(definition(risk_step("high", target.url(path_for("admin-4e"))))),
-                      user=people.owen)  # fmt: skip
+                      user=people.owner)  # fmt: skip
     approval = drive.approval(run)
-    owen = _staff(people.owen, "view_approval")
-    vera = _staff(people.vera, "view_approval")
+    owner = _staff(people.owner, "view_approval")
+    viewer = _staff(people.viewer, "view_approval")
 
-    refused = owen.post(reverse("admin:approvals_approval_approve", args=[approval.pk]), follow=True)
-    vera.post(reverse("admin:approvals_approval_approve", args=[approval.pk]))
+    refused = owner.post(reverse("admin:approvals_approval_approve", args=[approval.pk]), follow=True)
+    viewer.post(reverse("admin:approvals_approval_approve", args=[approval.pk]))
 
     assert "four-eyes" in refused.content.decode()
     assert Approval.objects.get(pk=approval.pk).status == ApprovalStatus.PENDING

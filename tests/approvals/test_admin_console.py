@@ -12,9 +12,8 @@ from django.urls import reverse
 
 from approvals import services
 from approvals.models import Approval, ApprovalStatus
+from tests.factories import definition, risk_step
 from workspaces.models import Workspace
-
-from .helpers import definition, risk_step
 
 LIST = reverse("admin:approvals_approval_changelist")
 
@@ -77,10 +76,10 @@ def test_approve_is_not_offered_to_someone_who_already_approved(people, parked):
 
 def test_approve_is_not_offered_to_whom_four_eyes_excludes(people, parked):
     Workspace.objects.filter(pk=people.workspace.pk).update(four_eyes=True)
-    owen = people.owen  # an admin may approve, but he last edited the automation
+    owner = people.owner  # an admin may approve, but he last edited the automation
     page = reverse("admin:approvals_approval_change", args=[parked.approval.pk])
 
-    body = _staff(owen).get(page).content.decode()
+    body = _staff(owner).get(page).content.decode()
 
     assert 'id="approve-button"' not in body
     assert "four-eyes" in body
@@ -88,7 +87,9 @@ def test_approve_is_not_offered_to_whom_four_eyes_excludes(people, parked):
 
 def test_a_viewer_is_told_why_there_is_no_approve_button(people, parked):
     body = (
-        _staff(people.vera).get(reverse("admin:approvals_approval_change", args=[parked.approval.pk])).content
+        _staff(people.viewer)
+        .get(reverse("admin:approvals_approval_change", args=[parked.approval.pk]))
+        .content
     )
     assert 'id="approve-button"' not in body.decode()
     assert "does not allow approving" in body.decode()

@@ -11,8 +11,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from automations.models import Run, RunStatus
-
-from .helpers import definition, risk_step
+from tests.factories import definition, risk_step
 
 
 def _home(user) -> str:
@@ -48,7 +47,7 @@ def busy(drive, target, path_for):
 
 
 def test_home_shows_what_needs_the_operator_with_links(people, busy):
-    body = _home(people.vera)
+    body = _home(people.viewer)
 
     runs = reverse("admin:automations_run_changelist")
     assert 'id="needs-me"' in body
@@ -63,7 +62,7 @@ def test_home_shows_what_needs_the_operator_with_links(people, busy):
 
 
 def test_home_counts_only_the_users_workspaces(people, busy):
-    body = _home(people.olga)
+    body = _home(people.outsider)
 
     assert "Pending approvals</a></th><td>0</td>" in body
     assert "Failed runs (24 h)</a></th><td>0</td>" in body

@@ -10,9 +10,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from approvals.models import Approval, ApprovalStatus, StandingApproval
+from tests.factories import definition, risk_step
 from workspaces.models import Workspace
-
-from .helpers import definition, risk_step
 
 
 def _client(user) -> APIClient:
@@ -29,7 +28,7 @@ def parked(drive, target, path_for):
 
 
 def test_pending_list_is_scoped_and_shaped(people, parked):
-    response = _client(people.vera).get("/api/v1/approvals", {"status": "pending"})
+    response = _client(people.viewer).get("/api/v1/approvals", {"status": "pending"})
 
     assert response.status_code == 200
     body = response.json()
@@ -43,18 +42,18 @@ def test_pending_list_is_scoped_and_shaped(people, parked):
     assert item["risk"] == "high"
     assert item["what"] == parked.approval.what
     assert item["why"] == parked.approval.why
-    assert item["requested_by"] == "user:oscar"
+    assert item["requested_by"] == "user:operator"
     assert item["approvals_required"] == 1
     assert item["approvals_count"] == 0
     assert item["automation_id"] == str(parked.run.automation_id)
-    assert item["automation_name"] == "approvals-test"
+    assert item["automation_name"] == "test automation"
     assert {"expires_at", "created_at", "message"} <= set(item)
     assert "token" not in item
     assert "plan_hash" in item
 
 
 def test_outsiders_see_nothing(people, parked):
-    client = _client(people.olga)
+    client = _client(people.outsider)
 
     assert client.get("/api/v1/approvals").json()["count"] == 0
     assert client.get(f"/api/v1/approvals/{parked.approval.pk}").status_code == 404
@@ -110,7 +109,7 @@ def test_deny_with_reason(drive, people, parked):
     assert drive.resume(parked.run).error["code"] == "APPROVAL_DENIED"
 
 
-@pytest.mark.parametrize("who", ["vera", "oscar"])
+@pytest.mark.parametrize("who", ["viewer", "operator"])
 def test_members_without_the_approver_role_get_403(people, parked, who):
     response = _client(getattr(people, who)).post(f"/api/v1/approvals/{parked.approval.pk}/approve", {},
                                                   format="json")  # fmt: skip
@@ -122,10 +121,10 @@ def test_members_without_the_approver_role_get_403(people, parked, who):
 def test_four_eyes_triggering_user_gets_403(drive, people, target, path_for):
     Workspace.objects.filter(pk=people.workspace.pk).update(four_eyes=True)
     run = drive.start(
-        drive.automation(definition(risk_step("high", target.url(path_for("4e"))))), user=people.owen
+        drive.automation(definition(risk_step("high", target.url(path_for("4e"))))), user=people.owner
     )
 
-    response = _client(people.owen).post(
+    response = _client(people.owner).post(
         f"/api/v1/approvals/{drive.approval(run).pk}/approve", {}, format="json"
     )
 
@@ -153,7 +152,7 @@ def test_link_endpoint_returns_a_one_click_url_for_the_caller(people, parked):
 
 
 def test_link_endpoint_refuses_non_approvers(people, parked):
-    response = _client(people.vera).post(f"/api/v1/approvals/{parked.approval.pk}/link")
+    response = _client(people.viewer).post(f"/api/v1/approvals/{parked.approval.pk}/link")
 
     assert response.status_code == 403
 
@@ -177,7 +176,7 @@ def test_standing_approvals_create_list_revoke(drive, people, target, path_for):
     listed = client.get("/api/v1/standing-approvals").json()
     assert listed["count"] == 1
     assert listed["results"][0]["uses"] == 1
-    assert _client(people.olga).get("/api/v1/standing-approvals").json()["count"] == 0
+    assert _client(people.outsider).get("/api/v1/standing-approvals").json()["count"] == 0
 
     revoked = client.post(f"/api/v1/standing-approvals/{standing['id']}/revoke")
     assert revoked.status_code == 200
@@ -198,8 +197,8 @@ def test_standing_approval_create_errors(people):
                                                       "expires_at": timezone.now().isoformat()}, format="json")  # fmt: skip
     bad_schema = client.post("/api/v1/standing-approvals", {**base, "expires_in_seconds": 3600,
                                                             "arg_constraint": {"type": 7}}, format="json")  # fmt: skip
-    viewer = _client(people.vera).post("/api/v1/standing-approvals", {**base, "expires_in_seconds": 3600,
-                                                                      "workspace": "ops"}, format="json")  # fmt: skip
+    viewer = _client(people.viewer).post("/api/v1/standing-approvals", {**base, "expires_in_seconds": 3600,
+                                                                      "workspace": "acme"}, format="json")  # fmt: skip
     past = client.post("/api/v1/standing-approvals",
                        {**base, "expires_at": (timezone.now() - timedelta(hours=1)).isoformat()}, format="json")  # fmt: skip
 

@@ -17,8 +17,7 @@ from django.contrib.auth.models import Permission as AuthPermission
 from automations.models import Run
 from config.celery import QUEUES
 from tests import live
-
-from .helpers import Driver, definition, risk_step
+from tests.factories import definition, risk_step
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -57,13 +56,12 @@ def _wait_for(run_id, statuses: set[str], timeout: float = 60.0) -> Run:
 
 
 def test_approver_approves_in_the_admin_and_the_run_completes(
-    committed_people, target, path_for, live_server, worker_factory, signing_key_file, monkeypatch
+    people, drive, target, path_for, live_server, worker_factory, signing_key_file, monkeypatch
 ):
     from playwright.sync_api import sync_playwright
 
     # Playwright's sync API keeps an event loop on this thread; the ORM calls here are plain sync code.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    people = committed_people
     worker = worker_factory(
         QUEUES, concurrency=1, env=live.live_worker_env(AUTOPLANE_SIGNING_KEY_FILE=str(signing_key_file))
     )
@@ -72,12 +70,11 @@ def test_approver_approves_in_the_admin_and_the_run_completes(
     approver.save(update_fields=["is_staff"])
     approver.user_permissions.add(AuthPermission.objects.get(codename="view_approval"))
     path = path_for("browser")
-    drive = Driver(people)
     automation = drive.automation(definition(risk_step("high", target.url(path)), name="nightly-cleanup"))
 
     from automations.services import run_create
 
-    run = run_create(automation=automation, inputs={}, user=people.oscar).run
+    run = run_create(automation=automation, inputs={}, user=people.operator).run
     parked = _wait_for(run.pk, {"awaiting_approval", "failed", "succeeded"})
     assert parked.status == "awaiting_approval", (parked.error, worker.log_tail())
     approval = drive.approval(parked)
@@ -89,7 +86,7 @@ def test_approver_approves_in_the_admin_and_the_run_completes(
             page = browser.new_page()
             page.goto(f"{live_server.url}/admin/login/?next=/admin/approvals/approval/")
             page.fill("#id_username", "alice")
-            page.fill("#id_password", "alice-password")
+            page.fill("#id_password", "pw-alice")
             page.click("input[type=submit]")
             page.wait_for_url("**/admin/approvals/approval/")
             assert "Approvals — 1 pending" in page.content()

@@ -13,9 +13,8 @@ from approvals.models import Approval, ApprovalDecision, ApprovalStatus, Consume
 from approvals.services import ApprovalError, approval_link_create, approvals_expire
 from audit.models import AuditEvent
 from automations.models import Run
+from tests.factories import audit_types, definition, http_step, risk_step
 from workspaces.models import Workspace
-
-from .helpers import audit_types, definition, http_step, risk_step
 
 
 @pytest.fixture
@@ -74,7 +73,7 @@ def test_deny_requires_a_reason(drive, people, parked):
     assert Approval.objects.get(pk=parked.approval.pk).status == ApprovalStatus.PENDING
 
 
-@pytest.mark.parametrize("who", ["oscar", "vera", "olga"])
+@pytest.mark.parametrize("who", ["operator", "viewer", "outsider"])
 def test_only_approvers_of_the_workspace_may_decide(drive, people, parked, who):
     error = _refused(drive, parked.approval, getattr(people, who))
 
@@ -152,11 +151,11 @@ def four_eyes(people):
 def test_four_eyes_the_triggering_user_cannot_approve(drive, people, target, path_for, four_eyes):
     path = path_for("four-eyes")
     # Owen administers the workspace (may approve in general) and starts the run himself.
-    run = drive.start(drive.automation(definition(risk_step("high", target.url(path)))), user=people.owen)
+    run = drive.start(drive.automation(definition(risk_step("high", target.url(path)))), user=people.owner)
     approval = drive.approval(run)
-    assert approval.requested_by == "user:owen"
+    assert approval.requested_by == "user:owner"
 
-    error = _refused(drive, approval, people.owen)
+    error = _refused(drive, approval, people.owner)
     assert (error.code, error.http_status) == ("PERMISSION_DENIED", 403)
     assert "four-eyes" in error.message
 
@@ -169,11 +168,11 @@ def test_four_eyes_the_last_editor_cannot_approve(drive, people, target, path_fo
     from automations.services import automation_update
 
     automation = drive.automation(
-        definition(risk_step("high", target.url(path_for("editor")))), user=people.owen
+        definition(risk_step("high", target.url(path_for("editor")))), user=people.owner
     )
     automation = automation_update(automation=automation, user=people.alice,
                                    definition={**automation.definition, "goal": "edited by alice"})  # fmt: skip
-    run = drive.start(automation, user=people.oscar)
+    run = drive.start(automation, user=people.operator)
 
     error = _refused(drive, drive.approval(run), people.alice)
 
@@ -183,10 +182,10 @@ def test_four_eyes_the_last_editor_cannot_approve(drive, people, target, path_fo
 
 def test_without_four_eyes_the_triggering_approver_may_approve(drive, people, target, path_for):
     run = drive.start(
-        drive.automation(definition(risk_step("high", target.url(path_for("self"))))), user=people.owen
+        drive.automation(definition(risk_step("high", target.url(path_for("self"))))), user=people.owner
     )
 
-    assert drive.decide(drive.approval(run), people.owen).status == ApprovalStatus.APPROVED
+    assert drive.decide(drive.approval(run), people.owner).status == ApprovalStatus.APPROVED
 
 
 def test_expiry_sweep_expires_resumes_and_the_step_fails_approval_expired(drive, target, parked, sent,
@@ -291,9 +290,9 @@ def test_tampered_or_expired_link_is_refused(people, parked, monkeypatch):
 
 def test_one_click_link_respects_four_eyes(drive, people, target, path_for, four_eyes):
     run = drive.start(
-        drive.automation(definition(risk_step("high", target.url(path_for("link"))))), user=people.owen
+        drive.automation(definition(risk_step("high", target.url(path_for("link"))))), user=people.owner
     )
-    url = approval_link_create(approval=drive.approval(run), user=people.owen)
+    url = approval_link_create(approval=drive.approval(run), user=people.owner)
     browser = Client(enforce_csrf_checks=True)
     token = browser.get(url).cookies["csrftoken"].value
 
@@ -306,14 +305,14 @@ def test_one_click_link_respects_four_eyes(drive, people, target, path_for, four
 
 def test_only_approvers_get_links(people, parked):
     with pytest.raises(ApprovalError):
-        approval_link_create(approval=parked.approval, user=people.oscar)
+        approval_link_create(approval=parked.approval, user=people.operator)
 
 
 def test_run_cancelled_while_awaiting_is_not_resumed(drive, people, parked):
     from approvals.services import ApprovalError
     from automations.services import run_cancel
 
-    run_cancel(run=parked.run, user=people.owen)
+    run_cancel(run=parked.run, user=people.owner)
     parked.approval.refresh_from_db()
     assert parked.approval.status == "invalidated"  # cancelling closes the open approval
     with pytest.raises(ApprovalError):

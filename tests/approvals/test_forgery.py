@@ -15,8 +15,7 @@ from approvals.models import Approval, ApprovalStatus, ConsumedNonce
 from audit import signing
 from audit.models import AuditEvent
 from automations.models import Run, StepRun
-
-from .helpers import audit_types, definition, http_step, risk_step
+from tests.factories import audit_types, definition, http_step, risk_step
 
 
 def _rejection(run) -> dict:

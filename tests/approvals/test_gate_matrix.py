@@ -12,8 +12,7 @@ from approvals.models import Approval, ApprovalStatus
 from automations.models import DomainEvent
 from capabilities import registry
 from capabilities.base import Risk
-
-from .helpers import audit_types, definition, risk_step
+from tests.factories import audit_types, definition, risk_step
 
 LEVELS = ["A0", "A1", "A2", "A3", "A4"]
 RISKS = ["low", "medium", "high", "critical"]

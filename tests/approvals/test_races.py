@@ -21,8 +21,9 @@ from approvals.models import Approval, ApprovalDecision, ApprovalStatus, Consume
 from approvals.services import ApprovalError, approval_decide, standing_approval_create
 from automations.executor import execute_run
 from automations.services import run_resume
+from tests.factories import definition, risk_step
 
-from .helpers import definition, risk_step
+pytestmark = pytest.mark.django_db(transaction=True)  # threads: each has its own connection
 
 ROUNDS = 4
 
@@ -56,10 +57,9 @@ def _parked(drive, target, path: str, **step_extra):
 
 
 @pytest.mark.parametrize("attempt", range(ROUNDS))
-def test_approve_and_deny_at_the_same_moment_exactly_one_wins(committed_drive, committed_people, target, path_for,
+def test_approve_and_deny_at_the_same_moment_exactly_one_wins(drive, people, target, path_for,
                                                                attempt):  # fmt: skip
-    people = committed_people
-    run, approval = _parked(committed_drive, target, path_for("race"))
+    run, approval = _parked(drive, target, path_for("race"))
 
     approve = lambda: approval_decide(approval_id=approval.pk, user=people.alice, decision="approve")  # noqa: E731
     deny = lambda: approval_decide(approval_id=approval.pk, user=people.bob, decision="deny", reason="no")  # noqa: E731
@@ -78,11 +78,11 @@ def test_approve_and_deny_at_the_same_moment_exactly_one_wins(committed_drive, c
 
 
 @pytest.mark.parametrize("attempt", range(ROUNDS))
-def test_two_executors_resuming_the_same_approved_step_perform_it_once(committed_drive, committed_people, target,
+def test_two_executors_resuming_the_same_approved_step_perform_it_once(drive, people, target,
                                                                       path_for, attempt):  # fmt: skip
     path = path_for("resume-race")
-    run, approval = _parked(committed_drive, target, path)
-    approval_decide(approval_id=approval.pk, user=committed_people.alice, decision="approve")
+    run, approval = _parked(drive, target, path)
+    approval_decide(approval_id=approval.pk, user=people.alice, decision="approve")
     run_resume(run_id=str(run.pk))
 
     race(lambda: execute_run(str(run.pk), me="worker-a:1"), lambda: execute_run(str(run.pk), me="worker-b:2"))
@@ -94,11 +94,11 @@ def test_two_executors_resuming_the_same_approved_step_perform_it_once(committed
 
 
 @pytest.mark.parametrize("attempt", range(ROUNDS))
-def test_two_gate_checks_of_one_approved_token_approve_once(committed_drive, committed_people, target, path_for,
+def test_two_gate_checks_of_one_approved_token_approve_once(drive, people, target, path_for,
                                                             attempt):  # fmt: skip
     """Below the run claim: even two executors that both reached the gate get one approval between them."""
-    run, approval = _parked(committed_drive, target, path_for("gate-race"))
-    approval = approval_decide(approval_id=approval.pk, user=committed_people.alice, decision="approve")
+    run, approval = _parked(drive, target, path_for("gate-race"))
+    approval = approval_decide(approval_id=approval.pk, user=people.alice, decision="approve")
     request = gate.GateRequest(
         workspace_id=run.workspace_id, run_id=str(run.pk), automation_id=str(run.automation_id),
         automation_name=approval.automation_name, step_key=approval.step_key, step_id=approval.step_id,
@@ -114,16 +114,14 @@ def test_two_gate_checks_of_one_approved_token_approve_once(committed_drive, com
     assert ConsumedNonce.objects.filter(approval_id=approval.pk).count() == 1
 
 
-def test_concurrent_runs_cannot_overspend_a_standing_approval(
-    committed_drive, committed_people, target, path_for
-):
+def test_concurrent_runs_cannot_overspend_a_standing_approval(drive, people, target, path_for):
     path = path_for("standing-race")
-    automation = committed_drive.automation(definition(risk_step("high", target.url(path))))
-    standing_approval_create(workspace=committed_people.workspace, automation_id=automation.pk,
-                             capability_id="http_request", max_uses=1, user=committed_people.alice,
+    automation = drive.automation(definition(risk_step("high", target.url(path))))
+    standing_approval_create(workspace=people.workspace, automation_id=automation.pk,
+                             capability_id="http_request", max_uses=1, user=people.alice,
                              expires_at=timezone.now() + timedelta(hours=1))  # fmt: skip
 
-    runs = race(*[lambda: committed_drive.start(automation) for _ in range(3)])
+    runs = race(*[lambda: drive.start(automation) for _ in range(3)])
 
     assert sorted(r.status for r in runs) == ["awaiting_approval", "awaiting_approval", "succeeded"], runs
     assert target.count(path) == 1

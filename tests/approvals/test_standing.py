@@ -12,8 +12,7 @@ from approvals.gate import standing_signature_valid
 from approvals.models import Approval, StandingApproval
 from approvals.services import ApprovalError, standing_approval_create, standing_approval_revoke
 from audit.models import AuditEvent
-
-from .helpers import definition, risk_step
+from tests.factories import definition, risk_step
 
 
 @pytest.fixture
@@ -131,7 +130,7 @@ def test_standing_approval_never_covers_an_explicit_require_approval_step(drive,
 @pytest.mark.parametrize(
     ("overrides", "code"),
     [
-        ({"user": "oscar"}, "PERMISSION_DENIED"),
+        ({"user": "operator"}, "PERMISSION_DENIED"),
         ({"max_uses": 0}, "INVALID_ARGUMENT"),
         ({"expires_at": "past"}, "INVALID_ARGUMENT"),
         ({"arg_constraint": {"type": "no-such-type"}}, "INVALID_ARGUMENT"),

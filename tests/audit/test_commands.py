@@ -16,7 +16,7 @@ from django.core.management import CommandError, call_command
 from audit import signing, writer
 from audit.models import AuditCheckpoint
 from audit.tasks import audit_checkpoint
-from tests.people import member
+from tests.factories import member
 from workspaces.services import workspace_get_or_create
 
 OFFLINE = Path(settings.BASE_DIR) / "audit" / "offline_verify.py"

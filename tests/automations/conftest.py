@@ -11,21 +11,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from workspaces.services import workspace_get_or_create
-
-
-@pytest.fixture
-def workspace(db):
-    ws = workspace_get_or_create(slug="acme")
-    ws.egress_allowlist = ["127.0.0.1"]
-    ws.save(update_fields=["egress_allowlist"])
-    return ws
-
-
-@pytest.fixture
-def other_workspace(db):
-    return workspace_get_or_create(slug="globex")
-
 
 class Recorder(BaseHTTPRequestHandler):
     """Answers with the status the test set and records every request it sees."""

@@ -11,8 +11,7 @@ from django.urls import reverse
 
 from automations import services
 from automations.models import Automation
-
-from .factories import definition, transform
+from tests.factories import definition, transform
 
 pytestmark = pytest.mark.django_db
 

@@ -17,11 +17,9 @@ from audit.models import AuditEvent
 from automations import services
 from automations.models import DomainEvent, Run, RunStatus, StepRun
 from config import admin_paging
-from tests.people import member
+from tests.factories import definition, member, transform
 from workspaces.models import Role
 from workspaces.services import workspace_get_or_create
-
-from .factories import definition, transform
 
 pytestmark = pytest.mark.django_db
 

@@ -14,8 +14,7 @@ from django.urls import reverse
 from audit.models import AuditEvent
 from automations import services
 from automations.models import Automation, Run, RunStatus
-
-from .factories import definition, transform
+from tests.factories import definition, transform
 
 pytestmark = pytest.mark.django_db
 

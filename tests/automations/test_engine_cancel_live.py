@@ -16,8 +16,7 @@ from audit.models import AuditEvent
 from automations import services
 from automations.models import Run, RunStatus, StepRun
 from capabilities.sandbox import BubblewrapBackend
-
-from .factories import definition
+from tests.factories import definition
 
 pytestmark = pytest.mark.workers
 

@@ -9,8 +9,7 @@ from jsonschema import Draft202012Validator
 
 from audit.models import AuditEvent
 from automations.models import Automation, AutomationVersion
-
-from .factories import client_for, definition, transform
+from tests.factories import client_for, definition, transform
 
 VALID = definition(
     transform("fetch", {"n": "{{ inputs.n }}"}, output_as="orders"),

@@ -14,8 +14,7 @@ from audit.models import AuditEvent
 from audit.verify import verify_all
 from automations import services
 from automations.models import Run, RunStatus, StepRun
-
-from .factories import client_for, definition, transform
+from tests.factories import client_for, definition, transform
 
 pytestmark = pytest.mark.workers
 

@@ -17,8 +17,7 @@ from automations import enqueue, executor, services
 from automations.models import Run, RunStatus, StepRun
 from config.celery import app as celery_app
 from config.celery import queue_backlog
-
-from .factories import definition, transform
+from tests.factories import definition, transform
 
 pytestmark = pytest.mark.django_db
 

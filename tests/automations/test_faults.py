@@ -16,8 +16,7 @@ from audit.models import AuditEvent
 from audit.verify import verify_chain
 from automations import executor, services
 from automations.models import Run, RunStatus, StepRun
-
-from .factories import definition, transform
+from tests.factories import definition, transform
 
 pytestmark = pytest.mark.django_db
 

@@ -7,8 +7,7 @@ import pytest
 
 from automations import services
 from automations.models import Run, RunStatus, StepRun
-
-from .factories import definition, transform
+from tests.factories import definition, transform
 
 pytestmark = pytest.mark.django_db
 

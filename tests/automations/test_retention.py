@@ -15,9 +15,8 @@ from audit.models import AuditEvent
 from audit.verify import verify_chain
 from automations import retention, services
 from automations.models import Run, RunStatus, StepRun
+from tests.factories import definition, transform
 from workspaces.services import workspace_get_or_create
-
-from .factories import definition, transform
 
 pytestmark = pytest.mark.django_db
 

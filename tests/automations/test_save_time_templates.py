@@ -17,8 +17,7 @@ import pytest
 from automations.definition import validate_definition
 from automations.expressions import template
 from tests.automations.expressions.template_corpus import CORPUS
-
-from .factories import definition, transform
+from tests.factories import definition, transform
 
 WALL_LIMIT_SECONDS = 1.0
 MEMORY_LIMIT_BYTES = 100 * 1024 * 1024

@@ -16,9 +16,6 @@ from pathlib import Path
 import pytest
 from cryptography.fernet import Fernet
 
-from tests.people import client_for as shared_client_for
-from workspaces.services import workspace_get_or_create
-
 SERVER_SCRIPT = Path(__file__).with_name("mcp_test_server.py")
 
 
@@ -28,28 +25,6 @@ def credential_key(settings) -> str:
     key = Fernet.generate_key().decode()
     settings.AUTOPLANE_CREDENTIAL_KEYS = [key]
     return key
-
-
-@pytest.fixture
-def workspace(db):
-    ws = workspace_get_or_create(slug="acme")
-    ws.egress_allowlist = ["127.0.0.1"]
-    ws.save(update_fields=["egress_allowlist"])
-    return ws
-
-
-@pytest.fixture
-def other_workspace(db):
-    ws = workspace_get_or_create(slug="globex")
-    ws.egress_allowlist = ["127.0.0.1"]
-    ws.save(update_fields=["egress_allowlist"])
-    return ws
-
-
-@pytest.fixture
-def client_for():
-    """``client_for(user)``: an API client authenticated with the user's token."""
-    return shared_client_for
 
 
 # --- real MCP servers -------------------------------------------------------------------

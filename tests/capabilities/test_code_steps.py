@@ -24,7 +24,7 @@ from capabilities.builtin import code
 from capabilities.credentials import credential_create
 from capabilities.sandbox import BubblewrapBackend
 from config.celery import QUEUE_FAST, QUEUE_LONG, QUEUE_MEDIUM
-from workspaces.services import workspace_get_or_create
+from tests.factories import definition
 
 BWRAP_AVAILABLE = BubblewrapBackend().available()
 
@@ -33,15 +33,6 @@ BWRAP_AVAILABLE = BubblewrapBackend().available()
 def sandbox():
     if not BWRAP_AVAILABLE:
         pytest.skip("bubblewrap cannot start a sandbox here (apt-get install bubblewrap; user namespaces)")
-
-
-@pytest.fixture
-def workspace(db):
-    return workspace_get_or_create(slug="acme")
-
-
-def definition(*steps, **extra) -> dict:
-    return {"schema_version": "1.0", "name": "code steps", "plan": list(steps), **extra}
 
 
 def python(step_id: str, source: str, **extra) -> dict:

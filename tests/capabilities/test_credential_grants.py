@@ -21,7 +21,7 @@ from automations import services as engine
 from automations.models import Run, StepRun
 from capabilities import credentials
 from capabilities.base import ErrorCode, StepFailure
-from tests.people import member
+from tests.factories import client_for, member
 from workspaces.models import Role
 
 TOKEN = "grant-test-t0ken-5e1f"
@@ -196,7 +196,7 @@ def test_a_credential_granted_to_listed_automations_serves_only_those(workspace,
 # --- who sees what ------------------------------------------------------------------------
 
 
-def test_viewers_and_approvers_see_credential_names_and_kinds_only(workspace, client_for):
+def test_viewers_and_approvers_see_credential_names_and_kinds_only(workspace):
     credentials.credential_create(workspace=workspace, name="oauth", kind="oauth2",
                                   secret={"refresh_token": "refresh-abcdef-123"},
                                   metadata={"token_url": "https://idp.example.com/token", "client_id": "autoplane"})  # fmt: skip

@@ -22,6 +22,7 @@ from capabilities import credentials
 from capabilities.base import ErrorCode, StepFailure
 from capabilities.credentials import CredentialError
 from capabilities.models import Credential
+from tests.factories import client_for
 
 pytestmark = pytest.mark.django_db
 
@@ -371,7 +372,7 @@ def test_api_validation_errors_use_the_errors_shape(api, workspace):
     assert TOKEN not in response.content.decode()
 
 
-def test_api_roles_viewer_lists_but_cannot_create_or_delete(workspace, owner, viewer, client_for):
+def test_api_roles_viewer_lists_but_cannot_create_or_delete(workspace, owner, viewer):
     credential = credentials.credential_create(
         workspace=workspace, name="api", kind="bearer", secret={"token": TOKEN}
     )
@@ -387,7 +388,7 @@ def test_api_roles_viewer_lists_but_cannot_create_or_delete(workspace, owner, vi
     assert Credential.objects.count() == 1
 
 
-def test_api_other_workspace_objects_are_not_found(workspace, owner, outsider, client_for):
+def test_api_other_workspace_objects_are_not_found(workspace, owner, outsider):
     credential = credentials.credential_create(
         workspace=workspace, name="api", kind="bearer", secret={"token": TOKEN}
     )

@@ -24,6 +24,7 @@ from automations.models import Run, RunStatus, StepRun
 from capabilities import credentials, mcp, registry, tasks
 from capabilities.base import ErrorCode, Risk, SideEffect
 from capabilities.models import McpServer, McpTool, McpToolStatus
+from tests.factories import client_for
 
 pytestmark = pytest.mark.django_db
 
@@ -546,7 +547,7 @@ def test_api_harvest_failure_is_a_clean_error(api, workspace, own_mcp_http):
                                          "message": "could not reach the MCP server files"}}  # fmt: skip
 
 
-def test_api_roles_and_workspace_isolation(workspace, owner, viewer, outsider, mcp_http, client_for):
+def test_api_roles_and_workspace_isolation(workspace, owner, viewer, outsider, mcp_http):
     server = _http(workspace, mcp_http)
     mcp.mcp_harvest(server)
     tool = _tool("read_file")

@@ -27,6 +27,7 @@ from automations.models import FINAL_RUN_STATUSES, Run, RunStatus, StepRun
 from automations.services import automation_create, run_create
 from capabilities.sandbox import BubblewrapBackend
 from config.celery import QUEUE_FAST, QUEUE_LONG, QUEUE_MEDIUM
+from tests.factories import definition
 from workspaces.services import workspace_get_or_create
 
 BWRAP_AVAILABLE = BubblewrapBackend().available()
@@ -37,15 +38,6 @@ SLACK = 3.0  # seconds beyond a timeout for killing, reaping and the engine's bo
 def sandbox():
     if not BWRAP_AVAILABLE:
         pytest.skip("bubblewrap cannot start a sandbox here (apt-get install bubblewrap; user namespaces)")
-
-
-@pytest.fixture
-def workspace(db):
-    return workspace_get_or_create(slug="acme")
-
-
-def definition(*steps, **extra) -> dict:
-    return {"schema_version": "1.0", "name": "sandbox engine", "plan": list(steps), **extra}
 
 
 def python(source: str, step_id: str = "attempt", **config) -> dict:

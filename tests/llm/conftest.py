@@ -10,24 +10,10 @@ import pytest
 from cryptography.fernet import Fernet
 
 from tests.llm_server import ScriptedLlmServer
-from workspaces.services import workspace_get_or_create
 
 # USD per million tokens for the scripted model: 100 prompt + 20 completion tokens
 # (the server's default usage) cost 0.001 + 0.001 = 0.002 per call.
 PRICE_IN, PRICE_OUT = Decimal("10"), Decimal("50")
-
-
-@pytest.fixture
-def workspace(db):
-    ws = workspace_get_or_create(slug="acme")
-    ws.egress_allowlist = ["127.0.0.1"]
-    ws.save(update_fields=["egress_allowlist"])
-    return ws
-
-
-@pytest.fixture
-def other_workspace(db):
-    return workspace_get_or_create(slug="globex")
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ from approvals.services import approval_decide
 from audit.models import AuditEvent
 from automations import services
 from automations.models import Run, StepRun
+from tests.factories import client_for, member
 from tests.llm_server import reply_json, reply_text, reply_tool_call
-from tests.people import client_for, member
 from workspaces.models import Role
 
 pytestmark = pytest.mark.django_db

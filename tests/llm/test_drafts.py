@@ -17,8 +17,8 @@ from automations import services
 from automations.authoring import drafts
 from automations.models import Automation, Draft, Run
 from capabilities.credentials import credential_create
+from tests.factories import client_for
 from tests.llm_server import Reply, reply_json, reply_text
-from tests.people import client_for
 
 pytestmark = pytest.mark.django_db
 

@@ -9,7 +9,6 @@ from rest_framework.authtoken.models import Token
 
 from automations.services import automation_create
 from tests.llm_server import ScriptedLlmServer
-from workspaces.services import workspace_get_or_create
 
 SUCCEEDS = {
     "schema_version": "1.0",
@@ -30,16 +29,6 @@ GATED = {
     "execution": {"autonomy": "A1"},
     "plan": [{"step_id": "careful", "action": "transform_data", "config": {"output": {"done": True}}}],
 }
-
-
-@pytest.fixture
-def workspace(db):
-    return workspace_get_or_create(slug="acme")
-
-
-@pytest.fixture
-def other_workspace(db):
-    return workspace_get_or_create(slug="globex")
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from automations import selectors
 from automations.models import Run, RunStatus
 from config.errors import ServiceError
 from mcpserver.tools import TOOLS, UnknownTool, tool_call
+from tests.factories import client_for
 from tests.llm_server import reply_json
-from tests.people import client_for
 
 from .conftest import SUCCEEDS
 

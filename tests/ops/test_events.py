@@ -12,7 +12,7 @@ from automations import services
 from automations.models import Run, RunStatus
 from config.celery import app as celery_app
 from ops.management.commands.up import worker_flags
-from tests.automations.factories import definition, transform
+from tests.factories import definition, transform
 from tests.live import live_worker_env
 from workspaces.services import workspace_get_or_create
 

@@ -16,7 +16,7 @@ from automations.models import Run, RunStatus
 from config.celery import QUEUES
 from ops.management.commands.up import build_specs, fresh_metrics_dir, metrics_dir_for
 from ops.metrics import build_registry
-from tests.automations.factories import definition, transform
+from tests.factories import definition, transform
 from tests.live import live_worker_env
 from workspaces.services import workspace_get_or_create
 
@@ -39,11 +39,6 @@ def scrape(client) -> dict:
     response = client.get("/metrics")
     assert response.status_code == 200
     return samples(response.content.decode())
-
-
-@pytest.fixture
-def workspace(db):
-    return workspace_get_or_create(slug="acme")
 
 
 @pytest.fixture

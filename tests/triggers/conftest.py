@@ -8,21 +8,9 @@ import pytest
 from django.core.cache import cache
 
 from automations import services
+from tests.factories import definition, webhook
 from triggers.models import Trigger
 from triggers.services import trigger_token_rotate
-from workspaces.services import workspace_get_or_create
-
-from .factories import definition, webhook
-
-
-@pytest.fixture
-def workspace(db):
-    return workspace_get_or_create(slug="acme")
-
-
-@pytest.fixture
-def other_workspace(db):
-    return workspace_get_or_create(slug="globex")
 
 
 @pytest.fixture

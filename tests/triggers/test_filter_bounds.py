@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from automations.models import Automation
-
-from .factories import definition, event
+from tests.factories import definition, event
 
 HEAVY_REGEX = "[ab]*a[ab]{990}c"  # passed the old 1,000-instruction check; 0.3-0.5 s per 64 KB event
 

@@ -8,10 +8,9 @@ import uuid
 import pytest
 
 from automations import events
+from tests.factories import definition, event
 from triggers import matching
 from triggers.models import Trigger
-
-from .factories import definition, event
 
 pytestmark = pytest.mark.django_db
 

@@ -18,10 +18,9 @@ from rest_framework.test import APIClient
 
 from automations import executor
 from automations.models import Run, RunStatus, StepRun
+from tests.factories import definition, fire, webhook
 from triggers.models import Trigger
 from triggers.services import trigger_token_rotate
-
-from .factories import definition, fire, webhook
 
 # Trigger lookup (with its automation), then one transaction: run insert,
 # last_fired_at, one audit insert; on the database rate-limit lane the window's

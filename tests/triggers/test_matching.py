@@ -14,10 +14,9 @@ from automations.dispatcher import MAX_CHAIN_DEPTH
 from automations.expressions.filter_grammar import CompiledFilter
 from automations.models import DomainEvent, Run, RunStatus
 from config.celery import app as celery_app
+from tests.factories import definition, event
 from triggers import matching
 from triggers.models import Trigger
-
-from .factories import definition, event
 
 
 @pytest.fixture

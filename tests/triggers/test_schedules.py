@@ -20,11 +20,10 @@ from django_celery_beat.models import CrontabSchedule, PeriodicTask
 from audit.models import AuditEvent
 from automations import services
 from automations.models import Automation, DispatchKey, Run, RunStatus
+from tests.factories import definition, schedule
 from triggers import schedules
 from triggers.models import Trigger
 from triggers.tasks import fire_schedule
-
-from .factories import definition, schedule
 
 T0 = datetime(2030, 1, 7, 10, 0, tzinfo=UTC)  # a Monday
 

@@ -9,10 +9,9 @@ from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
 from automations import services
+from tests.factories import client_for, definition, event, fire, schedule, webhook
 from triggers.models import Trigger
 from triggers.services import token_hash, trigger_token_rotate
-
-from .factories import client_for, definition, event, fire, schedule, webhook
 
 # --- sync --------------------------------------------------------------------------------------
 

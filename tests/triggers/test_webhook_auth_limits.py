@@ -9,10 +9,9 @@ from audit.models import AuditEvent
 from audit.sequencer import sequence_pending
 from audit.verify import verify_all
 from automations.models import Run
+from tests.factories import fire
 from triggers import rejections
 from triggers.models import WebhookRejectionWindow
-
-from .factories import fire
 
 NOW = 1_800_000_000.0  # the start of a window whatever its length below
 

@@ -7,8 +7,7 @@ import gzip
 from rest_framework.test import APIClient
 
 from automations.models import Run
-
-from .factories import fire
+from tests.factories import fire
 
 
 def test_bearer_with_two_spaces_is_refused(db, hook):

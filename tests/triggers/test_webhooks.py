@@ -18,11 +18,10 @@ from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
 from automations.models import Run
+from tests.factories import definition, fire, webhook
 from triggers import webhooks
 from triggers.models import Trigger, WebhookRateWindow
 from triggers.services import trigger_signing_secret_rotate, trigger_token_revoke, trigger_token_rotate
-
-from .factories import definition, fire, webhook
 
 UNAUTHORIZED = b'{"error":{"code":"UNAUTHENTICATED","message":"invalid or missing token"}}'
 
