@@ -22,7 +22,7 @@ from automations import services
 from automations.models import Run, RunStatus
 from config.celery import QUEUES
 from tests import live
-from tests.people import member
+from tests.factories import member
 from workspaces.models import Role
 from workspaces.services import workspace_get_or_create
 
