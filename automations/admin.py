@@ -83,6 +83,8 @@ class AutomationForm(forms.ModelForm):
         definition = cleaned.get("definition")
         if workspace is not None and not may_act(self.user, workspace.id, Permission.OPERATE):
             raise forms.ValidationError("your role in this workspace does not allow editing automations")
+        if self.instance.pk and self.instance.archived_at is not None:
+            raise forms.ValidationError("this automation is archived: it can be read, not edited")
         if workspace is not None and definition is not None:
             try:
                 services.definition_check(

@@ -96,3 +96,22 @@ def test_staff_see_only_their_own_workspaces_automations(operator, workspace, ou
     assert (
         staff(operator).get(reverse("admin:automations_automation_change", args=[mine.pk])).status_code == 200
     )
+
+
+def test_an_archived_automation_on_the_change_page_is_an_inline_error_not_a_500(operator, workspace):
+    automation = services.automation_create(
+        workspace=workspace, definition=definition(transform("a", {"x": 1})), user=operator
+    )
+    services.automation_archive(automation=automation, user=operator)
+    admin = staff(operator)
+    url = reverse("admin:automations_automation_change", args=[automation.pk])
+    assert admin.get(url).status_code == 200
+
+    response = admin.post(
+        url, {"definition": json.dumps(definition(transform("a", {"x": 2}))), "status": "active"}
+    )
+
+    assert response.status_code == 200
+    assert "archived" in response.content.decode()
+    automation.refresh_from_db()
+    assert automation.version == 1
