@@ -15,6 +15,7 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from audit.verify import verify_chain
 from automations import executor, services
+from automations.action_context import action_context
 from automations.models import Run, RunStatus, StepRun
 from tests.factories import definition, transform
 
@@ -109,6 +110,20 @@ def test_connections_killed_mid_call_lose_no_outcome_and_repeat_no_call(workspac
     assert types.count("step.succeeded") == 2
     assert types.count("run.succeeded") == 1
     assert verify_chain(f"ws-{workspace.pk}").ok
+
+
+@postgresql_only
+@pytest.mark.django_db(transaction=True)
+def test_a_handler_cancel_check_on_a_killed_connection_reconnects(workspace):
+    """A handler reads the cancel flag mid-call (http_request, before each hop): a blip is not a failed step."""
+    run = start(workspace, transform("a", "x"))
+    ctx = action_context(run, {"step_id": "a"}, 1, "k" * 64, 5.0)
+    with pytest.raises(OperationalError), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+    assert ctx.cancel_requested() is False
+    Run.objects.filter(pk=run.pk).update(cancel_requested=True)
+    assert ctx.cancel_requested() is True
 
 
 # --- poison runs end ---------------------------------------------------------------------------------
