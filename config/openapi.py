@@ -27,10 +27,12 @@ _DESCRIPTIONS = {
     403: "Your role in the workspace does not allow this (`PERMISSION_DENIED`)",
     404: "No such object in your workspaces (`NOT_FOUND`)",
     409: "The object's state does not allow this now (`CONFLICT` and similar codes)",
+    410: "The automation is archived (`GONE`)",
     413: "The request body is too large (`PAYLOAD_TOO_LARGE`)",
     415: "The body is not JSON (`UNSUPPORTED_MEDIA_TYPE`)",
     422: "Well-formed but refused (`UNPROCESSABLE`, `BUDGET_EXCEEDED`)",
-    429: "Too many requests (`RATE_LIMITED`); see `Retry-After`",
+    429: "Too many requests (`RATE_LIMITED`; for a webhook, `TOO_MANY_FAILURES` after failed "
+    "authentications); see `Retry-After`",
     502: "An upstream server (an MCP server, the LLM) failed or answered something unusable",
     503: "A dependency (the database; for drafts, the LLM) is unavailable: nothing was done; "
     "see `Retry-After`",

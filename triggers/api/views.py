@@ -105,7 +105,7 @@ class AutomationFire(APIView):
 
     @extend_schema(
         request={"application/json": OpenApiTypes.OBJECT},
-        responses={202: RunAccepted, 200: RunAccepted, **errors(400, 401, 404, 409, 413, 415, 422, 429)},
+        responses={202: RunAccepted, 200: RunAccepted, **errors(400, 401, 404, 409, 410, 413, 415, 422, 429)},
         auth=[{"webhookToken": []}],
         parameters=_WEBHOOK_HEADERS,
         summary="Fire the automation's webhook trigger",
