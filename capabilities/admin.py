@@ -25,6 +25,13 @@ def _secret_widget() -> forms.PasswordInput:
     return forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"})
 
 
+def changed_badge(tool: McpTool):
+    """Words, not Django's boolean icons: a green tick would mark the rug-pulled tool as fine."""
+    if tool.changed_since_approval:
+        return format_html('<b style="color:#c62828">CHANGED — re-approve</b>')
+    return "no"
+
+
 class CredentialForm(forms.ModelForm):
     secret = forms.CharField(required=False, strip=False, widget=_secret_widget(), help_text=WRITE_ONLY_HELP)
     username = forms.CharField(required=False, help_text="basic only")
@@ -180,9 +187,9 @@ class McpToolInline(admin.TabularInline):
     readonly_fields = fields
     show_change_link = True
 
-    @admin.display(boolean=True, description="changed since approval")
+    @admin.display(description="changed since approval")
     def changed(self, obj):
-        return obj.changed_since_approval
+        return changed_badge(obj)
 
     def has_add_permission(self, request, obj=None):
         return False
@@ -310,9 +317,9 @@ class McpToolAdmin(admin.ModelAdmin):
     def risk(self, obj):
         return obj.risk_override or f"{RiskLevel.HIGH} (default)"
 
-    @admin.display(boolean=True, description="changed since approval")
+    @admin.display(description="changed since approval")
     def changed(self, obj):
-        return obj.changed_since_approval
+        return changed_badge(obj)
 
     def _each(self, request, queryset, fn, done: str) -> None:
         count = 0

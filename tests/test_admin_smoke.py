@@ -135,3 +135,11 @@ def test_no_admin_page_answers_5xx(world, role):
     assert {url: code for url, code in answered.items() if code >= 500} == {}
     assert answered[reverse("admin:automations_run_change", args=[world["run"].pk])] == 200
     assert answered[reverse("admin:automations_automation_change", args=[world["automation"].pk])] == 200
+
+
+def test_a_tool_changed_since_approval_is_flagged_in_words_not_a_green_tick(world):
+    page = _client("superuser", world["workspace"]).get(reverse("admin:capabilities_mcptool_changelist"))
+
+    body = page.content.decode()
+    assert "CHANGED — re-approve" in body
+    assert "icon-yes.svg" not in body
