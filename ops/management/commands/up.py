@@ -29,6 +29,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import OperationalError, connections
 
 from config.celery import QUEUES
+from ops.doctor import diagnose
 from ops.services import Bootstrap, platform_bootstrap
 from ops.supervisor import ChildSpec, Supervisor
 from triggers.models import Trigger
@@ -290,6 +291,10 @@ class Command(BaseCommand):
 
     def _prerequisites(self) -> None:
         """One line for each thing missing or unusual on this machine; nothing when all is well."""
+        for finding in diagnose(fast=True):
+            # The sandbox has its own line below; check --deploy advice is for `manage.py doctor`.
+            if finding.status != "ok" and finding.check not in ("sandbox", "settings.deploy"):
+                self.say(f"doctor: {finding.status} {finding.check}: {finding.message} ({finding.fix})")
         if settings.AUTOPLANE_SANDBOX_BACKEND == "bubblewrap" and not shutil.which(
             settings.AUTOPLANE_BWRAP_PATH
         ):
