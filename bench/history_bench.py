@@ -25,6 +25,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.db import connection, models, transaction
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
@@ -230,6 +231,26 @@ def _get(client, url, params=None, status=200):
     return call
 
 
+def buffers_touched(call) -> int | None:
+    """8 KB pages the request's SELECTs read (EXPLAIN ANALYZE BUFFERS): its cost, without the machine's load."""
+    if connection.vendor != "postgresql":
+        return None
+    with CaptureQueriesContext(connection) as queries:
+        call()
+    total = 0
+    with connection.cursor() as cursor:
+        for query in queries.captured_queries:
+            sql = query["sql"]
+            if not sql.startswith("SELECT") or "django_session" in sql:
+                continue
+            cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}")
+            plan = cursor.fetchone()[0]
+            plan = json.loads(plan) if isinstance(plan, str) else plan
+            top = plan[0]["Plan"]
+            total += top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0)
+    return total
+
+
 def storage_per_run() -> dict[str, float] | None:
     if connection.vendor != "postgresql":
         return None
@@ -286,7 +307,10 @@ def measure(*, repeat: int = 7, out=print) -> dict[str, float]:
     results = {}
     for name, call in cases.items():
         results[name] = _p50(call, repeat)
-        out(f"  {name:<34} {results[name]:8.1f} ms")
+        blocks = buffers_touched(call)
+        if blocks is not None:
+            results[f"{name} [buffers]"] = blocks
+        out(f"  {name:<34} {results[name]:8.1f} ms  {blocks if blocks is not None else '-':>7} buffers")
     chain = chain_for(automations[0].workspace_id)
     began = time.perf_counter()
     verified = verify_chain(chain)
@@ -306,13 +330,21 @@ def seeded_runs() -> int:
 
 
 def table(figures: dict[int, dict[str, float]]) -> str:
-    """Markdown: one row per figure, one column per size, and the growth from the smallest to the largest."""
+    """Markdown: per figure, its p50 (and pages read) at each size, and the growth of the pages read
+    (of the figure itself where no pages were counted) from the smallest size to the largest."""
     sizes = sorted(figures)
     lines = ["| figure | " + " | ".join(f"{s:,} runs" for s in sizes) + " | growth |",
              "| --- |" + " --- |" * (len(sizes) + 1)]  # fmt: skip
     for name in figures[sizes[0]]:
+        if name.endswith(" [buffers]"):
+            continue
         values = [figures[s].get(name, 0) for s in sizes]
-        growth = f"{values[-1] / values[0]:.2f}x" if values[0] else ""
-        cells = " | ".join(f"{v:,.1f}" if v < 1000 else f"{v:,.0f}" for v in values)
-        lines.append(f"| {name} | {cells} | {growth} |")
+        pages = [figures[s].get(f"{name} [buffers]") for s in sizes]
+        basis = pages if pages[0] else values
+        growth = f"{basis[-1] / basis[0]:.2f}x" if basis[0] and len(sizes) > 1 else ""
+        cells = [f"{v:,.1f}" if v < 1000 else f"{v:,.0f}" for v in values]
+        cells = [
+            f"{c} ms ({p:,.0f} pages)" if p is not None else c for c, p in zip(cells, pages, strict=True)
+        ]
+        lines.append(f"| {name} | {' | '.join(cells)} | {growth} |")
     return "\n".join(lines)
