@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import ipaddress
+import re
 import uuid
+from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from rest_framework.authtoken.models import Token
 
 from audit import writer
+from config.errors import InvalidArgument
 
 from .models import Membership, Role, Workspace
 
@@ -47,6 +51,72 @@ def membership_set_role(*, workspace: Workspace, user, role: str, actor: str = "
             payload={"user": user.get_username(), "role": role, "previous_role": previous},
         )  # fmt: skip
     return membership
+
+
+_HOST = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
+
+
+def egress_allowlist_check(value: Any) -> list[str]:
+    """A list of exact host names and IP addresses or CIDRs (as ``capabilities.egress`` reads them)."""
+    if not isinstance(value, list):
+        raise InvalidArgument(
+            [{"path": "/egress_allowlist", "code": "invalid_type", "message": "a list of hosts or CIDRs"}]
+        )
+    errors, clean = [], []
+    for index, entry in enumerate(value):
+        text = entry.strip().lower().rstrip(".") if isinstance(entry, str) else None
+        valid = False
+        if text:
+            try:
+                ipaddress.ip_network(text.strip("[]"), strict=False)
+                valid = True
+            except ValueError:
+                valid = len(text) <= 253 and bool(_HOST.match(text))
+        if valid:
+            clean.append(text)
+        else:
+            errors.append({"path": f"/egress_allowlist/{index}", "code": "invalid_host",
+                           "message": f"{entry!r} is not a host name, an IP address or a CIDR"})  # fmt: skip
+    if errors:
+        raise InvalidArgument(errors)
+    return clean
+
+
+@transaction.atomic
+def workspace_update(*, workspace: Workspace, user=None, name: str | None = None, four_eyes: bool | None = None,
+                     egress_allowlist: Any = None) -> Workspace:  # fmt: skip
+    """Change a workspace's settings; one audit row naming what changed (before and after)."""
+    workspace = Workspace.objects.select_for_update().get(pk=workspace.pk)
+    wanted: dict[str, Any] = {}
+    if name is not None:
+        wanted["name"] = name.strip() or workspace.slug
+    if four_eyes is not None:
+        wanted["four_eyes"] = bool(four_eyes)
+    if egress_allowlist is not None:
+        wanted["egress_allowlist"] = egress_allowlist_check(egress_allowlist)
+    changes = {field: {"from": getattr(workspace, field), "to": value}
+               for field, value in wanted.items() if getattr(workspace, field) != value}  # fmt: skip
+    if not changes:
+        return workspace
+    for field, change in changes.items():
+        setattr(workspace, field, change["to"])
+    workspace.save(update_fields=list(changes))
+    writer.append(
+        trace_id=_trace(), type="operator.workspace.updated",
+        summary=f"workspace {workspace.slug}: {', '.join(changes)} changed",
+        workspace_id=workspace.id, actor=writer.actor_for(user), refs={"workspace": workspace.slug}, payload=changes,
+    )  # fmt: skip
+    return workspace
+
+
+@transaction.atomic
+def membership_remove(*, membership: Membership, actor: str = "system") -> None:
+    workspace, username, role = membership.workspace, membership.user.get_username(), membership.role
+    membership.delete()
+    writer.append(
+        trace_id=_trace(), type="operator.membership.removed", summary=f"{username} removed from {workspace.slug}",
+        workspace_id=workspace.id, actor=actor, payload={"user": username, "previous_role": role},
+    )  # fmt: skip
 
 
 @transaction.atomic

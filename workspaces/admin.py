@@ -1,0 +1,115 @@
+"""Workspaces and their members in the admin: roles, four-eyes and the egress allowlist.
+
+Every write goes through ``workspaces.services`` (audited); a workspace is managed by its
+``admin`` members (and superusers), and only superusers create workspaces.
+"""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
+
+from audit import writer
+from config.errors import ServiceError
+
+from . import services
+from .access import may_act, workspace_ids_for
+from .models import Membership, Permission, Workspace
+
+
+class WorkspaceForm(forms.ModelForm):
+    egress_allowlist = forms.JSONField(
+        required=False, initial=list,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60, "style": "font-family: monospace"}),
+        help_text='Private hosts or CIDRs http_request may reach, as a JSON list, e.g. ["10.0.0.0/8", "intranet.local"].',
+    )  # fmt: skip
+
+    class Meta:
+        model = Workspace
+        fields = ["slug", "name", "four_eyes", "egress_allowlist"]
+
+    def clean_egress_allowlist(self):
+        value = self.cleaned_data.get("egress_allowlist")
+        try:
+            return services.egress_allowlist_check([] if value in (None, "") else value)
+        except ServiceError as exc:
+            raise ValidationError([e["message"] for e in exc.errors or []] or exc.message) from None
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 1
+    fields = ["user", "role"]
+
+    def _administers(self, request, obj) -> bool:
+        return obj is not None and may_act(request.user, obj.pk, Permission.ADMINISTER)
+
+    def has_view_permission(self, request, obj=None):
+        return True  # part of the workspace page: whoever sees the workspace sees who is in it
+
+    def has_add_permission(self, request, obj=None):
+        return self._administers(request, obj)
+
+    def has_change_permission(self, request, obj=None):
+        return self._administers(request, obj)
+
+    def has_delete_permission(self, request, obj=None):
+        return self._administers(request, obj)
+
+
+@admin.register(Workspace)
+class WorkspaceAdmin(admin.ModelAdmin):
+    form = WorkspaceForm
+    list_display = ["slug", "name", "four_eyes", "members", "created_at"]
+    search_fields = ["slug", "name"]
+    inlines = [MembershipInline]
+
+    def get_queryset(self, request):
+        queryset = super().get_queryset(request)
+        if request.user.is_superuser:
+            return queryset
+        return queryset.filter(pk__in=workspace_ids_for(request.user, Permission.VIEW))
+
+    def get_readonly_fields(self, request, obj=None):
+        return ["slug"] if obj is not None else []
+
+    @admin.display(description="members")
+    def members(self, workspace: Workspace) -> int:
+        return workspace.memberships.count()
+
+    def has_add_permission(self, request):
+        return request.user.is_superuser
+
+    def has_change_permission(self, request, obj=None):
+        if obj is None:
+            return super().has_change_permission(request)
+        return may_act(request.user, obj.pk, Permission.ADMINISTER)
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # everything in the platform belongs to a workspace
+
+    def save_model(self, request, obj, form, change):
+        data = form.cleaned_data
+        if not change:
+            created = services.workspace_get_or_create(slug=data["slug"], name=data["name"],
+                                                       actor=writer.actor_for(request.user))  # fmt: skip
+            obj.pk = created.pk
+        workspace = Workspace.objects.get(pk=obj.pk)
+        services.workspace_update(workspace=workspace, user=request.user, name=data["name"],
+                                  four_eyes=data["four_eyes"], egress_allowlist=data["egress_allowlist"])  # fmt: skip
+        obj.refresh_from_db()
+
+    def save_formset(self, request, form, formset, change):
+        """Members are added, re-roled and removed through the services, each audited."""
+        actor = writer.actor_for(request.user)
+        workspace = Workspace.objects.get(pk=form.instance.pk)
+        formset.save(commit=False)
+        for removed in formset.deleted_objects:
+            services.membership_remove(membership=removed, actor=actor)
+        for membership in [*formset.new_objects, *(obj for obj, _ in formset.changed_objects)]:
+            services.membership_set_role(
+                workspace=workspace, user=membership.user, role=membership.role, actor=actor
+            )
+        if formset.deleted_objects or formset.new_objects or formset.changed_objects:
+            self.message_user(request, "members updated (each change is in the audit log)", messages.SUCCESS)
