@@ -45,7 +45,7 @@ from approvals.services import approvals_settle_for_step
 from audit.models import Outcome
 from audit.redaction import redact
 from capabilities.base import AwaitingApproval, Envelope, ErrorCode, StepFailure
-from config import instruments
+from config import instruments, logs
 
 from . import definition as defs
 from . import gating, steps, transient
@@ -238,6 +238,7 @@ class Executor(RunRecorder):
         return self.step_runs[key]
 
     def _run_step(self, step: dict[str, Any]) -> Parked | None:
+        logs.bind(step_id=step["step_id"])
         step_run = self._step_run(step)
         if step_run.status in (StepStatus.SUCCEEDED, StepStatus.SKIPPED):  # reused by a re-run
             self._update_run(step_index=self.run.step_index + 1)
@@ -389,7 +390,8 @@ def execute_run(run_id: str, me: str | None = None) -> str | None:
         if run.status in FINAL_RUN_STATUSES:
             return run.status
         executor = Executor(run, me)
-        executor.execute()
+        with logs.bound(run_id=str(run.pk), trace_id=run.trace_id, workspace=run.workspace_id):
+            executor.execute()
         return executor.run.status
 
     def again() -> None:

@@ -49,6 +49,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from config.logs import json_line
+
 BACKOFF_START = 1.0
 BACKOFF_MAX = 30.0
 HEALTHY_AFTER = 60.0  # a child that ran this long starts its backoff over
@@ -170,7 +172,9 @@ class Supervisor:
         backoff_start: float = BACKOFF_START,
         startup_grace: float = STARTUP_GRACE,
         state_file: str | os.PathLike | None = None,
+        json_lines: bool = False,
     ):
+        self.json_lines = json_lines
         self.children = [_Child(spec, backoff=backoff_start) for spec in specs]
         self.stop_timeout = stop_timeout
         self.backoff_start = backoff_start
@@ -185,8 +189,9 @@ class Supervisor:
 
     # --- output -----------------------------------------------------------
     def say(self, name: str, line: str) -> None:
+        text = json_line(name, line) if self.json_lines else f"{name:<{self._width}} | {line.rstrip()}"
         with self._out_lock:
-            self.out.write(f"{name:<{self._width}} | {line.rstrip()}\n")
+            self.out.write(f"{text}\n")
             self.out.flush()
 
     def _forward(self, name: str, stream) -> None:

@@ -29,6 +29,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import OperationalError, connections
 
 from config.celery import QUEUES
+from config.logs import json_line
 from ops.doctor import diagnose
 from ops.services import Bootstrap, platform_bootstrap
 from ops.supervisor import ChildSpec, Supervisor
@@ -226,8 +227,18 @@ class Command(BaseCommand):
                  "without starting anything: the one-shot step of docker-compose.",
         )  # fmt: skip
 
+    def _write_banner(self, banner: str) -> None:
+        if settings.LOG_FORMAT == "json":
+            for line in filter(str.strip, banner.splitlines()):
+                self.say(line.strip())
+        else:
+            self.stdout.write(banner)
+
     def say(self, message: str) -> None:
-        self.stdout.write(f"{'up':<14} | {message}")  # as wide as the supervisor's "worker-default"
+        if settings.LOG_FORMAT == "json":
+            self.stdout.write(json_line("up", message))
+        else:
+            self.stdout.write(f"{'up':<14} | {message}")  # as wide as the supervisor's "worker-default"
 
     def handle(self, *args, host, port, concurrency, web_workers, stop_timeout, init_only, **options):
         started = time.monotonic()
@@ -247,15 +258,16 @@ class Command(BaseCommand):
         self.say(f"migrations and bootstrap done ({time.monotonic() - started:.1f} s)")
         self._prerequisites()
         if init_only:
-            self.stdout.write(self._banner(base, bootstrap, urls=False))
+            self._write_banner(self._banner(base, bootstrap, urls=False))
             return
         banner = self._banner(base, bootstrap) + try_it
-        self.stdout.write(banner)
+        self._write_banner(banner)
         fresh_metrics_dir(port)
         supervisor = Supervisor(
             build_specs(host=host, port=port, concurrency=per_queue, web_workers=web_workers),
             stop_timeout=stop_timeout,
             state_file=state_file_for(port),
+            json_lines=settings.LOG_FORMAT == "json",
         )
         threading.Thread(
             target=self._announce_ready, args=(supervisor, base, started, banner), daemon=True
