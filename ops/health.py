@@ -144,8 +144,18 @@ def check_audit_sequencer() -> dict[str, Any]:
     return check
 
 
+# A failed bubblewrap probe is not remembered by the backend (it starts bwrap again each
+# time); /healthz, polled every few seconds, asks again only this often.
+SANDBOX_RECHECK_SECONDS = 60.0
+_sandbox_checked: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
+
+
 def check_sandbox() -> dict[str, Any]:
     """Can code steps run here? (Checked in this process, on this host: the web's host under ``up``.)"""
+    key = (settings.AUTOPLANE_SANDBOX_BACKEND, settings.AUTOPLANE_BWRAP_PATH)
+    cached = _sandbox_checked.get(key)
+    if cached is not None and time.monotonic() - cached[0] < SANDBOX_RECHECK_SECONDS:
+        return dict(cached[1])
     try:
         backend = backend_from_settings()
         ok = backend.available()
@@ -154,7 +164,8 @@ def check_sandbox() -> dict[str, Any]:
     check: dict[str, Any] = {"backend": backend.name, "ok": ok, "isolated": backend.name == "bubblewrap"}
     if not ok:
         check["error"] = "unavailable: code steps fail closed"
-    return check
+    _sandbox_checked[key] = (time.monotonic(), check)
+    return dict(check)
 
 
 def health_report() -> dict[str, Any]:
