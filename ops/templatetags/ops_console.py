@@ -5,7 +5,9 @@ from __future__ import annotations
 from django import template
 from django.urls import reverse
 
-from ops.console import needs_me
+from approvals.admin import what_summary
+from automations.admin import coloured_status, error_text
+from ops.console import needs_me, needs_me_details
 
 register = template.Library()
 
@@ -14,7 +16,11 @@ register = template.Library()
 def needs_me_panel(context):
     counts = needs_me(context["request"].user)
     runs = reverse("admin:automations_run_changelist")
+    details = needs_me_details(context["request"].user)
     return {
+        "details": details,
+        "approvals": [(a, what_summary(a)) for a in details.approvals_for_me],
+        "problems": [(r, coloured_status(r.status), error_text(r.error)) for r in details.recent_problems],
         "rows": [
             (
                 "Pending approvals",
@@ -23,5 +29,5 @@ def needs_me_panel(context):
             ),
             ("Failed runs (24 h)", counts.failed_runs, runs + "?status__exact=failed"),
             ("Runs needing attention (24 h)", counts.attention_runs, runs + "?status__exact=needs_attention"),
-        ]
+        ],
     }

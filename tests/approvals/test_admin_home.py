@@ -10,6 +10,8 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from approvals.models import Approval
+from approvals.services import approval_decide
 from automations.models import Run, RunStatus
 from tests.factories import definition, risk_step
 
@@ -67,3 +69,28 @@ def test_home_counts_only_the_users_workspaces(people, busy):
     assert "Pending approvals</a></th><td>0</td>" in body
     assert "Failed runs (24 h)</a></th><td>0</td>" in body
     assert "Runs needing attention (24 h)</a></th><td>0</td>" in body
+
+
+def test_home_lists_approvals_waiting_for_an_approver_with_what_will_run(people, busy, target):
+    approval = Approval.objects.get(run_id=busy.pk)
+
+    body = _home(people.alice)
+
+    assert 'id="approvals-for-me"' in body
+    assert reverse("admin:approvals_approval_change", args=[approval.pk]) in body
+    assert target.url("") in body  # what will run: the request's URL
+    assert "http_request: " in body
+    approval_decide(approval_id=approval.pk, user=people.alice, decision="approve", via="admin")
+    assert 'id="approvals-for-me"' not in _home(people.alice)  # decided: no longer waiting for her
+
+
+def test_home_lists_no_approvals_for_a_viewer_but_the_problems_and_platform_state(people, busy):
+    Run.objects.filter(status=RunStatus.NEEDS_ATTENTION).update(created_at=timezone.now() - timedelta(hours=1))
+    body = _home(people.viewer)
+
+    assert 'id="approvals-for-me"' not in body
+    assert 'id="recent-problems"' in body
+    assert body.count('<b style="color:#c62828">failed</b>') == 2  # today's two, not last week's
+    assert 'id="failing-automations"' in body  # its last run failed
+    assert 'id="platform-state"' in body
+    assert "automations_fast" in body
