@@ -263,3 +263,40 @@ def test_public_keys_shape():
     assert entry["current"] is True
     assert len(signing.b64url_decode(entry["public_key"])) == 32
     assert entry["pem"].startswith("-----BEGIN PUBLIC KEY-----")
+
+
+# --- incremental verification -----------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_since_checkpoint_walks_only_the_tail_and_still_catches_tampering_in_it(tamper):
+    events = _events(6)
+    checkpoint_write()  # at seq 6
+    tail = _events(4)
+    full, incremental = verify_chain("ws-1"), verify_chain("ws-1", since_checkpoint=True)
+    assert full.ok
+    assert incremental.ok
+    assert (full.events, incremental.events) == (10, 5)  # the checkpointed event and the 4 after it
+    tamper.set_payload(tail[2].id, {"i": 999})
+    assert verify_chain("ws-1", since_checkpoint=True).broken.event_id == tail[2].id
+    # a change below the checkpoint is for the full walk to find
+    tamper.set_payload(tail[2].id, {"i": 2})
+    tamper.set_payload(events[1].id, {"i": 999})
+    assert verify_chain("ws-1", since_checkpoint=True).ok
+    assert verify_chain("ws-1").broken.event_id == events[1].id
+
+
+@pytest.mark.django_db
+def test_since_checkpoint_needs_the_checkpointed_event_intact(tamper):
+    events = _events(5)
+    checkpoint_write()
+    tamper.delete_events([events[4].id])
+    result = verify_chain("ws-1", since_checkpoint=True)
+    assert not result.ok
+    assert "checkpoint" in result.broken.reason
+
+
+@pytest.mark.django_db
+def test_without_a_checkpoint_since_checkpoint_is_a_full_walk():
+    _events(3)
+    assert verify_chain("ws-1", since_checkpoint=True).events == 3
