@@ -124,6 +124,20 @@ def test_run_with_inputs_from_the_automation_page_and_watch_it_succeed(
     page.click("#step-timeline details summary")
     assert '"hello": "Ada"' in page.inner_text("#step-timeline")
 
+    # The runs list fits a 1400 px window: a short id, no four-line UUID.
+    Run.objects.create(workspace=run.workspace, automation=automation, automation_version=1, snapshot=run.snapshot,
+                       status=RunStatus.FAILED, trace_id="t", queue=run.queue,
+                       error={"code": "HTTP_ERROR", "message": "upstream answered 503 Service Unavailable " * 3})  # fmt: skip
+    page.goto(f"{page.base}/admin/automations/run/")
+    page.wait_for_selector("#result_list")
+    page.shot("runs")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1400
+    assert page.evaluate("document.querySelector('#result_list').scrollWidth") <= page.evaluate(
+        "document.querySelector('#changelist .results').clientWidth"
+    )  # no horizontal scrolling inside the list either
+    assert str(run.pk)[:8] in page.inner_text("#result_list")
+    assert "HTTP_ERROR: upstream answered 503" in page.inner_text("#result_list")
+
 
 def test_cancel_from_the_run_page(browser_page, operator_account):
     page = browser_page
