@@ -447,6 +447,11 @@ class RunAdmin(HistoryAdminMixin, WorkspaceScopedAdmin):
 
     @admin.display(description="status", ordering="status")
     def run_status(self, run: Run):
+        if run.cancel_requested and run.status in ACTIVE_RUN_STATUSES:
+            # The running step cannot be interrupted: the run stops when it returns.
+            return format_html(
+                '{} <i class="cancel-requested">(cancel requested)</i>', coloured_status(run.status)
+            )
         return coloured_status(run.status)
 
     @admin.display(description="error")

@@ -51,13 +51,12 @@ from . import definition as defs
 from . import gating, steps, transient
 from .action_context import action_context, cost_meter
 from .agent_tools import ToolGateway
-from .cancel import CancelWatch
 from .claim import LostClaim, claim, worker_id
 from .concurrency import run_settled
-from .lease import LeaseKeeper
 from .models import FINAL_RUN_STATUSES, Run, RunStatus, StepRun, StepStatus
 from .outcomes import Parked, RunRecorder, charged, redacted
 from .steps import PLAN, PreparedStep
+from .watch import StepWatch
 
 logger = logging.getLogger(__name__)
 
@@ -312,10 +311,9 @@ class Executor(RunRecorder):
         tools.ctx = ctx
         try:
             with ExitStack() as watching:
-                if started:  # however long the handler runs, this worker keeps the run
-                    watching.enter_context(LeaseKeeper(str(self.run.pk), self.me))
-                    if prepared.action.interruptible:
-                        watching.enter_context(CancelWatch(str(self.run.pk), ctx.cancelled))
+                if started:  # however long the handler runs, this worker keeps the run and hears a cancel
+                    cancelled = ctx.cancelled if prepared.action.interruptible else None
+                    watching.enter_context(StepWatch(str(self.run.pk), self.me, cancelled))
                 envelope = prepared.action.handler(ctx, config)
         except AwaitingApproval:
             return self._park_mid_step(step_run, step, attempt, redact(config, ctx.secrets), saved.get("state"),

@@ -10,12 +10,15 @@ budgets: the executor owns those.
 from __future__ import annotations
 
 import enum
+import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 class Risk(enum.IntEnum):
@@ -194,6 +197,51 @@ class Capability:
         return self.cost_estimate(args) if self.cost_estimate else Decimal("0")
 
 
+class CancelSignal(threading.Event):
+    """Set by the engine when the run is cancelled while a handler runs (``ctx.cancelled``).
+
+    A handler waits on it or checks it, or registers what interrupts its blocking call
+    with :meth:`on_set` (an HTTP call shuts its sockets); callbacks run once, in the
+    thread that sets the signal, and never raise into it.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+
+    def on_set(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Run ``callback`` when the signal is set (now, if it already is); returns a function that
+        unregisters it."""
+        with self._lock:
+            if not self.is_set():
+                self._callbacks.append(callback)
+                return lambda: self._forget(callback)
+        _call(callback)
+        return lambda: None
+
+    def _forget(self, callback: Callable[[], None]) -> None:
+        with self._lock:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
+
+    def set(self) -> None:
+        with self._lock:
+            if self.is_set():
+                return
+            super().set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            _call(callback)
+
+
+def _call(callback: Callable[[], None]) -> None:
+    try:
+        callback()
+    except Exception:
+        logger.warning("a cancel callback failed", exc_info=True)
+
+
 @dataclass
 class ActionContext:
     """What a handler may use. Everything privileged is a resolver called at use time."""
@@ -212,10 +260,11 @@ class ActionContext:
     publish_event: Callable[[str, Mapping[str, Any]], str] | None = None
     call_capability: Callable[[str, Mapping[str, Any]], Envelope] | None = None
     cancel_requested: Callable[[], bool] = lambda: False
-    # Set by the engine when an operator cancels the run while this handler runs.
-    # A long handler waits on it (or checks it) and stops: the sandbox kills its
-    # process group, an HTTP call in flight is abandoned.
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    # Set by the engine when an operator cancels the run while this handler runs
+    # (only for an action declared ``interruptible``). A long handler waits on it,
+    # checks it or registers a callback, and stops: the sandbox kills its process
+    # group, an HTTP call in flight is abandoned.
+    cancelled: CancelSignal = field(default_factory=CancelSignal)
     # Values the engine must redact from anything it stores (credential material
     # resolved during this call is appended here by the resolver).
     secrets: list[str] = field(default_factory=list)
@@ -286,7 +335,10 @@ class ActionDefinition:
     always_asks_human: bool = False
     # What an approver is told, beyond the rendered config (e.g. require_approval's message).
     approver_message: Callable[[Mapping[str, Any]], str] = _no_message
-    # False: a cancel waits for the handler to return (the API/admin say "cancel requested").
+    # True: a cancel reaches the running handler through ``ctx.cancelled`` within a second.
+    # False (the handler cannot be stopped part-way, e.g. an email being handed over): a
+    # cancel waits for the handler to return; meanwhile the API and admin show the run's
+    # ``cancel_requested``.
     interruptible: bool = True
     # For an action that calls another capability (call_capability): that capability,
     # looked up in the run's workspace, and the arguments it is called with. The

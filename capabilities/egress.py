@@ -150,12 +150,50 @@ def check_url(url: str | httpx.URL, allowlist: Iterable[str]) -> None:
     resolve_url(url, allowlist)
 
 
+class _TrackedStream(httpcore.NetworkStream):
+    """A connection the backend remembers, so that :meth:`PinnedBackend.abort` can shut it down."""
+
+    def __init__(self, inner: httpcore.NetworkStream, streams: list[httpcore.NetworkStream]) -> None:
+        self._inner = inner
+        self._streams = streams
+        streams.append(self)
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self._inner.read(max_bytes, timeout)
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, timeout)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore.NetworkStream:  # fmt: skip
+        return _TrackedStream(self._inner.start_tls(ssl_context, server_hostname, timeout), self._streams)
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
 class PinnedBackend(httpcore.NetworkBackend):
     """A network backend that connects only to addresses pinned for a host."""
 
     def __init__(self) -> None:
         self._inner = httpcore.SyncBackend()
         self._pins: dict[str, tuple[str, ...]] = {}
+        self._streams: list[httpcore.NetworkStream] = []
+
+    def abort(self) -> None:
+        """Shut down every connection this backend opened, from any thread: a call blocked
+        on one of them (connecting TLS, sending, waiting for the answer) fails at once."""
+        for stream in list(self._streams):
+            sock = stream.get_extra_info("socket")
+            if sock is None or sock.fileno() == -1:  # closed, or handed over to its TLS wrapper
+                continue
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def pin(self, host: str, addresses: Sequence[str]) -> None:
         self._pins[host] = tuple(addresses)
@@ -174,7 +212,8 @@ class PinnedBackend(httpcore.NetworkBackend):
         error: Exception | None = None
         for address in addresses:
             try:
-                return self._inner.connect_tcp(address, port, timeout, local_address, socket_options)
+                stream = self._inner.connect_tcp(address, port, timeout, local_address, socket_options)
+                return _TrackedStream(stream, self._streams)
             except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
                 error = exc
         assert error is not None
@@ -223,6 +262,10 @@ class EgressClient:
         self, method: str, url: str | httpx.URL, **kwargs: Any
     ) -> AbstractContextManager[httpx.Response]:
         return self._client.stream(method, self.check(url), **kwargs)
+
+    def abort(self) -> None:
+        """Abandon the request in flight (callable from another thread): its connection is shut down."""
+        self._backend.abort()
 
     def close(self) -> None:
         self._client.close()

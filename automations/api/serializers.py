@@ -44,12 +44,17 @@ class RunOut(serializers.ModelSerializer):
     automation = serializers.UUIDField(source="automation_id")
     workspace = serializers.SlugRelatedField(slug_field="slug", read_only=True)
     steps = serializers.SerializerMethodField()
+    cancel_requested = serializers.BooleanField(
+        read_only=True,
+        help_text="A cancel was asked for. While the run is still `running`, its current step cannot be "
+        "interrupted and finishes first; the run then ends `cancelled`.",
+    )
 
     class Meta:
         model = Run
-        fields = ["id", "automation", "automation_version", "workspace", "status", "trigger_type", "trigger_key",
-                  "triggered_by", "inputs", "steps", "output", "error", "cost_usd", "trace_id", "parent_run",
-                  "queue", "created_at", "started_at", "finished_at"]  # fmt: skip
+        fields = ["id", "automation", "automation_version", "workspace", "status", "cancel_requested",
+                  "trigger_type", "trigger_key", "triggered_by", "inputs", "steps", "output", "error", "cost_usd",
+                  "trace_id", "parent_run", "queue", "created_at", "started_at", "finished_at"]  # fmt: skip
 
     @extend_schema_field(StepOut(many=True))
     def get_steps(self, run: Run):

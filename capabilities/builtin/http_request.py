@@ -125,49 +125,71 @@ def perform_request(
 ) -> Envelope:
     """Make the request (following redirects by hand, each hop re-checked) and build the envelope."""
     method = method.upper()
-    idempotent = method in IDEMPOTENT_METHODS
     deadline = time.monotonic() + max(0.001, min(timeout, ctx.timeout_seconds))
     url = _with_params(url, params or {})
     first_origin = _origin(egress.parse_url(url))
     _remember_userinfo(ctx, url)
     auth = _credential_headers(ctx, credential, url) if credential else {}
     payload, content_type = _payload(json, has_json, body)
-    committed = False  # a POST/PATCH has been answered: a failure now must not be retried
 
     with egress.EgressClient(egress.effective_allowlist(ctx.egress_allowlist)) as client:
-        for hop in range(MAX_REDIRECTS + 1):
-            if ctx.cancelled.is_set() or ctx.cancel_requested():
-                raise StepFailure(ErrorCode.CANCELLED, "the run was cancelled")
-            target = egress.parse_url(url)
-            same_origin = _origin(target) == first_origin
-            hop_headers = _request_headers(ctx, method, headers or {}, same_origin=same_origin)
-            if same_origin and credential:  # credentials never follow a redirect to another origin
-                # a redirect within the origin may still leave the credential's grant: checked again
-                hop_headers.update(auth if hop == 0 else _credential_headers(ctx, credential, str(target)))
-            if payload is not None and content_type and not _has(hop_headers, "content-type"):
-                hop_headers["Content-Type"] = content_type
-            remaining = deadline - time.monotonic()
-            try:
-                if remaining <= 0:
-                    raise httpx.ConnectTimeout("deadline reached before the request was sent")
-                with client.stream(
-                    method,
-                    target,
-                    headers=hop_headers,
-                    content=payload,
-                    timeout=remaining,
-                ) as response:
-                    if not response.has_redirect_location:
-                        raw, truncated = _read_capped(response, deadline)
-                        return _envelope(response, raw, truncated)
-                    committed = committed or not idempotent
-                    url, method, keep_body = _next_hop(response)
-                    payload = payload if keep_body else None
-            except StepFailure as failure:  # the egress guard refused this hop
-                raise _after_commit(failure) if committed else failure
-            except httpx.HTTPError as exc:
-                raise _transport_failure(exc, target.host, idempotent=idempotent and not committed)
+        # A cancel abandons the call in flight: its connection is shut down under it.
+        forget = ctx.cancelled.on_set(client.abort)
+        try:
+            return _follow(ctx, client, method, url, headers, payload, content_type, credential, auth,
+                           first_origin, deadline)  # fmt: skip
+        finally:
+            forget()
+
+
+def _follow(ctx: ActionContext, client: egress.EgressClient, method: str, url: str,
+            headers: Mapping[str, str] | None, payload: bytes | None, content_type: str | None,
+            credential: str | None, auth: dict[str, str], first_origin: tuple, deadline: float) -> Envelope:  # fmt: skip
+    """Send the request, following redirects by hand (each hop checked by the egress guard)."""
+    idempotent = method in IDEMPOTENT_METHODS
+    committed = False  # a POST/PATCH has been answered: a failure now must not be retried
+    for hop in range(MAX_REDIRECTS + 1):
+        if ctx.cancelled.is_set() or ctx.cancel_requested():
+            raise StepFailure(ErrorCode.CANCELLED, "the run was cancelled")
+        target = egress.parse_url(url)
+        same_origin = _origin(target) == first_origin
+        hop_headers = _request_headers(ctx, method, headers or {}, same_origin=same_origin)
+        if same_origin and credential:  # credentials never follow a redirect to another origin
+            # a redirect within the origin may still leave the credential's grant: checked again
+            hop_headers.update(auth if hop == 0 else _credential_headers(ctx, credential, str(target)))
+        if payload is not None and content_type and not _has(hop_headers, "content-type"):
+            hop_headers["Content-Type"] = content_type
+        remaining = deadline - time.monotonic()
+        try:
+            if remaining <= 0:
+                raise httpx.ConnectTimeout("deadline reached before the request was sent")
+            with client.stream(
+                method,
+                target,
+                headers=hop_headers,
+                content=payload,
+                timeout=remaining,
+            ) as response:
+                if not response.has_redirect_location:
+                    raw, truncated = _read_capped(response, deadline)
+                    return _envelope(response, raw, truncated)
+                committed = committed or not idempotent
+                url, method, keep_body = _next_hop(response)
+                payload = payload if keep_body else None
+        except StepFailure as failure:  # the egress guard refused this hop
+            raise _after_commit(failure) if committed else failure
+        except httpx.HTTPError as exc:
+            if ctx.cancelled.is_set():
+                raise _abandoned(method, target.host, exc)
+            raise _transport_failure(exc, target.host, idempotent=idempotent and not committed)
     raise StepFailure(ErrorCode.INVALID_ARGUMENT, f"more than {MAX_REDIRECTS} redirects from {target.host}")
+
+
+def _abandoned(method: str, host: str, exc: Exception) -> StepFailure:
+    """The run was cancelled during the call: its connection was shut down (see ``perform_request``)."""
+    effect = "a read: nothing to undo" if method in READ_METHODS else "whether it took effect is unknown"
+    return StepFailure(ErrorCode.CANCELLED, f"the {method} request to {host} was abandoned in flight ({effect})",
+                       retryable=False, detail=f"{type(exc).__name__}: {exc}")  # fmt: skip
 
 
 def _with_params(url: str, params: Mapping[str, str]) -> str:

@@ -139,4 +139,7 @@ ACTION = ActionDefinition(
     describe=describe,
     handler=handler,
     notifies=lambda config: [*(config.get("to") or []), *(config.get("cc") or [])],
+    # A message half handed to the mail server may or may not go out: the hand-over finishes,
+    # then the run stops.
+    interruptible=False,
 )

@@ -1,4 +1,4 @@
-"""Live: a cancel reaches a running sandbox step, and step statuses are true while they last.
+"""Live: a cancel reaches a running sandbox step or HTTP call, and step statuses are true while they last.
 
 A real worker runs the steps; the test samples the database the way an
 operator's API poll would, with deadlines instead of sleeps.
@@ -7,8 +7,11 @@ operator's API poll would, with deadlines instead of sleeps.
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -67,6 +70,57 @@ def test_cancel_kills_a_running_sandbox_step_within_seconds(celery_workers, work
     assert _sandbox_pids(marker) == []
     event = AuditEvent.objects.get(trace_id=run.trace_id, type="step.cancelled")
     assert "sandbox process group was killed" in event.payload["interrupted"]
+
+
+class _Held(BaseHTTPRequestHandler):
+    """Takes the request, then holds the answer for up to 60 s (or until the test releases it)."""
+
+    def do_GET(self):
+        self.server.arrived.set()
+        self.server.release.wait(60)
+        try:
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+        except OSError:  # the caller abandoned the call
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def slow_server() -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Held)
+    server.arrived, server.release = threading.Event(), threading.Event()
+    server.url = f"http://127.0.0.1:{server.server_address[1]}/slow"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.release.set()
+    server.shutdown()
+    server.server_close()
+
+
+def test_cancel_abandons_an_http_call_in_flight_within_seconds(celery_workers, workspace, slow_server):
+    automation = services.automation_create(workspace=workspace, definition=definition(
+        {"step_id": "fetch", "action": "http_request", "timeout_seconds": 110,
+         "config": {"url": slow_server.url, "timeout_seconds": 100}},
+    ))  # fmt: skip
+    run = services.run_create(automation=automation, inputs={}).run
+    _wait_for(lambda: _step_status(run.pk, "fetch") == "running", what="the step to show running")
+    assert slow_server.arrived.wait(30), "the request never reached the server"
+
+    services.run_cancel(run=run)
+    _wait_for(
+        lambda: Run.objects.get(pk=run.pk).status == RunStatus.CANCELLED, timeout=5, what="run cancelled"
+    )
+
+    assert not slow_server.release.is_set()  # the server still holds its answer: the call was abandoned
+    assert _step_status(run.pk, "fetch") == "cancelled"
+    event = AuditEvent.objects.get(trace_id=run.trace_id, type="step.cancelled")
+    assert "GET request to 127.0.0.1 was abandoned in flight" in event.payload["interrupted"]
+    assert Run.objects.get(pk=run.pk).error["interrupted"] == event.payload["interrupted"]
 
 
 def test_a_waiting_step_shows_waiting_until_its_timer_fires(celery_workers, workspace):
