@@ -160,11 +160,13 @@ def _worker_pids(platform: Platform, name: str = "worker-fast") -> list[int]:
 def test_case1_kill_9_of_workers(platform, full):
     rec = platform.recorder
     n_runs, n_kills = (100, 100) if full else (12, 6)
-    plain = platform.automation(_definition("kill", [
+    # Runs wait behind a worker restarted up to 100 times: their own timeout is not what is tested.
+    timeout = 1200 if full else 300
+    plain = platform.automation(_definition("kill", timeout=timeout, plan=[
         _http("put", "PUT", rec, params={"hold": 0.6}),
         _http("post", "POST", rec, params={"hold": 0.6}),
     ]))  # fmt: skip
-    flaky = platform.automation(_definition("flaky", [
+    flaky = platform.automation(_definition("flaky", timeout=timeout, plan=[
         _http("post503", "POST", rec, params={"fail": 503, "fail_first": 1}, max_retries=2, retry_backoff="none"),
     ]))  # fmt: skip
     accepted, refused = [], Counter()
@@ -187,11 +189,12 @@ def test_case1_kill_9_of_workers(platform, full):
                     pass
             time.sleep(random.uniform(0.3, 1.2))
         started = time.monotonic()
-        final = platform.wait_final(accepted, 300 if full else 120)
+        final = platform.wait_final(accepted, 900 if full else 120)
         recovered_in = time.monotonic() - started
 
     statuses = Counter(r["status"] for r in final.values())
-    duplicated, unknown_ok, key_changes = 0, 0, 0
+    duplicated, key_changes = 0, 0
+    unknown_sent: Counter[int] = Counter()
     for run_id, run in final.items():
         for step in ("post", "post503"):
             hits = rec.of(run_id, step)
@@ -205,10 +208,14 @@ def test_case1_kill_9_of_workers(platform, full):
         if run["status"] == "needs_attention":
             failed = [s for s in run["steps"] if s["error"]]
             assert failed[-1]["error"]["code"] == "OUTCOME_UNKNOWN", run
-            assert len(rec.of(run_id, failed[-1]["step_id"])) == 1, run
-            unknown_ok += 1
+            # One request if the worker died mid-call; none if it died between the step's
+            # checkpoint and the send (the platform cannot tell which: hence OUTCOME_UNKNOWN).
+            sent = len(rec.of(run_id, failed[-1]["step_id"]))
+            assert sent <= 1, run
+            unknown_sent[sent] += 1
     _report("1 kill -9 workers", runs=len(accepted), kills=kills, statuses=dict(statuses), lost=0,
-            duplicated=duplicated, key_changes=key_changes, settled_after_s=round(recovered_in, 1),
+            duplicated=duplicated, key_changes=key_changes, unknown_outcome_requests=dict(unknown_sent),
+            settled_after_s=round(recovered_in, 1),
             fire_refusals=dict(refused), api_errors=dict(probe.errors), api_requests=probe.requests)  # fmt: skip
     assert not refused
     assert not probe.errors, "the API was not reachable while only workers were killed"
