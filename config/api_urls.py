@@ -13,4 +13,5 @@ urlpatterns = [
     path("", include("capabilities.api.urls")),
     path("", include("approvals.api.urls")),
     path("", include("triggers.api.urls")),
+    path("", include("workspaces.api.urls")),
 ]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from config.errors import ServiceError
 
-from .access import default_workspace_for, has_permission, may_act, workspaces_for
-from .models import Permission, Workspace
+from ..access import default_workspace_for, has_permission, may_act, workspaces_for
+from ..models import Permission, Workspace
 
 
 def require(user, workspace_id: int, permission: str) -> None:

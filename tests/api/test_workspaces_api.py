@@ -1,0 +1,73 @@
+"""/api/v1/workspaces and /members: the workspace's admins read and change settings and members through
+the audited services; others get 403 (members) or 404 (non-members)."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from audit.models import AuditEvent
+from tests.factories import client_for
+from workspaces.models import Membership
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_member_lists_their_workspaces_with_their_role(workspace, other_workspace, operator):
+    body = client_for(operator).get("/api/v1/workspaces").json()
+
+    assert body["results"] == [{"slug": "acme", "name": "acme", "role": "operator"}]
+
+
+def test_an_admin_reads_and_patches_the_workspace_audited(api, workspace):
+    assert api.get("/api/v1/workspaces/acme").json()["four_eyes"] is False
+
+    response = api.patch("/api/v1/workspaces/acme", {"four_eyes": True, "egress_allowlist": ["10.1.0.0/16"]},
+                         format="json")  # fmt: skip
+
+    assert response.status_code == 200
+    assert response.json()["four_eyes"] is True
+    assert response.json()["egress_allowlist"] == ["10.1.0.0/16"]
+    assert AuditEvent.objects.filter(type="operator.workspace.updated", actor="user:owner").count() == 1
+
+
+def test_a_bad_allowlist_is_a_located_400_and_changes_nothing(api, workspace):
+    response = api.patch("/api/v1/workspaces/acme", {"egress_allowlist": ["ok.example", "no spaces"]}, format="json")
+
+    assert response.status_code == 400
+    assert response.json()["errors"][0]["path"] == "/egress_allowlist/1"
+    workspace.refresh_from_db()
+    assert "ok.example" not in workspace.egress_allowlist
+
+
+def test_members_are_set_and_removed_by_an_admin(api, workspace, viewer):
+    get_user_model().objects.create_user("newbie")
+
+    added = api.post("/api/v1/workspaces/acme/members", {"username": "newbie", "role": "approver"}, format="json")
+    changed = api.post("/api/v1/workspaces/acme/members", {"username": "viewer", "role": "operator"}, format="json")
+    removed = api.delete("/api/v1/workspaces/acme/members", {"username": "newbie"}, format="json")
+    listing = api.get("/api/v1/workspaces/acme/members").json()
+
+    assert (added.status_code, changed.status_code, removed.status_code) == (200, 200, 204)
+    assert {m["username"]: m["role"] for m in listing["results"]} == {"owner": "admin", "viewer": "operator"}
+    types = set(AuditEvent.objects.filter(actor="user:owner").values_list("type", flat=True))
+    assert {"operator.membership.role_changed", "operator.membership.removed"} <= types
+
+
+def test_an_operator_gets_403_and_a_stranger_404(workspace, operator, outsider):
+    assert client_for(operator).get("/api/v1/workspaces/acme").status_code == 403
+    assert client_for(operator).post("/api/v1/workspaces/acme/members", {"username": "operator", "role": "admin"},
+                                     format="json").status_code == 403  # fmt: skip
+    assert client_for(outsider).get("/api/v1/workspaces/acme").status_code == 404
+    assert Membership.objects.get(user=operator).role == "operator"
+
+
+def test_only_a_superuser_creates_a_workspace(api):
+    refused = api.post("/api/v1/workspaces", {"slug": "new-one"}, format="json")
+    root = get_user_model().objects.create_superuser("root", password="pw")
+
+    created = client_for(root).post("/api/v1/workspaces", {"slug": "new-one", "name": "New"}, format="json")
+
+    assert refused.status_code == 403
+    assert created.status_code == 201
+    assert Membership.objects.get(workspace__slug="new-one").user == root
