@@ -32,6 +32,7 @@ MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
 _HOST = socket.gethostname().replace("_", "-")
 
 if MULTIPROC_DIR:
+    os.makedirs(MULTIPROC_DIR, mode=0o700, exist_ok=True)  # a missing directory would fail every count
     # prometheus_client names its files <type>_<pid>.db; containers sharing the directory
     # have the same pids (1, 7, ...), so the host name goes in too (without '_', the separator).
     values.ValueClass = values.MultiProcessValue(lambda: f"{_HOST}-{os.getpid()}")

@@ -3,6 +3,8 @@ things happen, summed over processes in multiprocess mode, and gauges that stay 
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 import time
@@ -17,7 +19,7 @@ from config.celery import QUEUES
 from ops.management.commands.up import build_specs, fresh_metrics_dir, metrics_dir_for
 from ops.metrics import build_registry
 from tests.factories import definition, transform
-from tests.live import live_worker_env
+from tests.live import REPO, live_worker_env
 from workspaces.services import workspace_get_or_create
 
 
@@ -197,3 +199,15 @@ def test_up_gives_its_children_one_metrics_directory_emptied_at_start(settings, 
 
     assert list(fresh.iterdir()) == []
     assert {spec.env["PROMETHEUS_MULTIPROC_DIR"] for spec in specs} == {str(fresh)}
+
+
+def test_the_grafana_dashboard_queries_only_series_the_platform_exports():
+    dashboard = json.loads((REPO / "ops" / "grafana" / "autoplane.json").read_text())
+    exported = (REPO / "config" / "instruments.py").read_text() + (REPO / "ops" / "metrics.py").read_text()
+
+    queried = {name for panel in dashboard["panels"] for target in panel["targets"]
+               for name in re.findall(r"autoplane_[a-z_]+", target["expr"])}  # fmt: skip
+    assert queried
+    for name in queried:
+        base = re.sub(r"_(total|bucket|count|sum)$", "", name)
+        assert f'"{base}"' in exported, name

@@ -83,12 +83,17 @@ def metrics_dir_for(port: int) -> Path:
     return Path(settings.DATA_DIR) / f"metrics-{port}"
 
 
-def fresh_metrics_dir(port: int) -> Path:
-    """An empty metrics directory: counters start at zero with each ``up`` (Prometheus sees a reset)."""
-    path = metrics_dir_for(port)
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(mode=0o700, parents=True)
+def empty_metrics_dir(path: Path) -> Path:
+    """Remove the counters' files of earlier processes (Prometheus sees a counter reset)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for stale in path.glob("*.db"):
+        stale.unlink(missing_ok=True)
     return path
+
+
+def fresh_metrics_dir(port: int) -> Path:
+    """An empty metrics directory: counters start at zero with each ``up``."""
+    return empty_metrics_dir(metrics_dir_for(port))
 
 
 def worker_flags(*, embedded: bool) -> list[str]:
@@ -258,6 +263,10 @@ class Command(BaseCommand):
         self.say(f"migrations and bootstrap done ({time.monotonic() - started:.1f} s)")
         self._prerequisites()
         if init_only:
+            if os.environ.get(
+                "PROMETHEUS_MULTIPROC_DIR"
+            ):  # docker-compose: counters start over with a deploy
+                empty_metrics_dir(Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]))
             self._write_banner(self._banner(base, bootstrap, urls=False))
             return
         banner = self._banner(base, bootstrap) + try_it
