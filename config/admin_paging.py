@@ -4,7 +4,8 @@ Django's changelist counts its rows twice per page (``COUNT(*)`` of the filtered
 of the whole table); over a million runs each count is a full scan. Here the filtered
 count is exact up to ``EXACT_UP_TO`` rows, read with a ``LIMIT`` so it stops early, and
 past that it is the planner's estimate (``EXPLAIN``, never executed; PostgreSQL only),
-shown as a round number. ``HistoryAdminMixin`` turns off the whole-table count too.
+shown as a round number; where the planner expects far more rows than that, nothing is
+counted at all. ``HistoryAdminMixin`` turns off the whole-table count too.
 """
 
 from __future__ import annotations
@@ -31,17 +32,24 @@ def planner_estimate(queryset) -> int | None:
     return int(plan[0]["Plan"]["Plan Rows"])
 
 
+def _rounded(estimate: int) -> int:
+    """Two significant digits, so nobody reads an estimate as exact."""
+    return int(float(f"{estimate:.2g}"))
+
+
 class EstimatedCountPaginator(Paginator):
     @cached_property
     def count(self) -> int:
         rows = self.object_list
+        estimate = planner_estimate(rows)
+        # Far past the exact limit, counting even 1,001 matching rows of a rare filter can
+        # mean visiting many thousands: the estimate alone says enough.
+        if estimate is not None and estimate > 20 * EXACT_UP_TO:
+            return _rounded(estimate)
         counted = len(rows.order_by().values_list("pk", flat=True)[: EXACT_UP_TO + 1])
         if counted <= EXACT_UP_TO:
             return counted
-        estimate = planner_estimate(rows) or 0
-        # Round, so nobody reads an estimate as exact; never below what was counted.
-        rounded = int(float(f"{estimate:.2g}")) if estimate else 0
-        return max(rounded, counted)
+        return max(_rounded(estimate or 0), counted)
 
 
 class HistoryAdminMixin:
