@@ -121,6 +121,26 @@ class CredentialAdmin(admin.ModelAdmin):
         fixed = ["workspace", "name", "kind"] if obj else []
         return [*fixed, *self.readonly_fields]
 
+    # The form's fields that only some kinds use; the add page shows the chosen kind's with a few
+    # lines of JavaScript, the change page (kind fixed) lists only its kind's.
+    KIND_FIELDS = {
+        CredentialKind.BEARER: ["secret"],
+        CredentialKind.BASIC: ["username", "secret"],
+        CredentialKind.HEADER: ["secret", "metadata"],
+        CredentialKind.OAUTH2: ["secret", "client_secret", "access_token", "metadata"],
+    }
+    KIND_SPECIFIC = {"secret", "username", "client_secret", "access_token", "metadata"}
+
+    class Media:
+        js = ["capabilities/credential_kind.js"]
+
+    def get_fields(self, request, obj=None):
+        fields = super().get_fields(request, obj)
+        if obj is None:
+            return fields
+        keep = set(self.KIND_FIELDS.get(obj.kind, self.KIND_SPECIFIC))
+        return [f for f in fields if f not in self.KIND_SPECIFIC or f in keep]
+
     def save_model(self, request, obj, form, change):
         data = form.cleaned_data
         if change:

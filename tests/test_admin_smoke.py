@@ -143,3 +143,16 @@ def test_a_tool_changed_since_approval_is_flagged_in_words_not_a_green_tick(worl
     body = page.content.decode()
     assert "CHANGED — re-approve" in body
     assert "icon-yes.svg" not in body
+
+
+def test_a_credential_page_shows_only_its_kinds_fields(world):
+    admin = _client("superuser", world["workspace"])
+    bearer = world["workspace"].credentials.get(name="crm")
+
+    change = admin.get(reverse("admin:capabilities_credential_change", args=[bearer.pk])).content.decode()
+    add = admin.get(reverse("admin:capabilities_credential_add")).content.decode()
+
+    assert 'name="secret"' in change
+    assert 'name="username"' not in change
+    assert 'name="client_secret"' not in change
+    assert "capabilities/credential_kind.js" in add  # the add page hides the other kinds' fields
