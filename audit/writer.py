@@ -138,8 +138,11 @@ _PG_ROW = "(%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s::jsonb, %s)"
 _SQLITE_ROW = "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 
 
-def _insert(connection, entries: list[dict[str, Any]]) -> list[AuditEvent]:
-    """One INSERT for all ``entries``: no lock, no read, nothing shared with other writers."""
+def _insert(connection, entries: list[dict[str, Any]], *, events: bool = True) -> list[AuditEvent]:
+    """One INSERT for all ``entries``: no lock, no read, nothing shared with other writers.
+
+    Returns the saved events (none when ``events`` is false: a batch's caller has no use for them).
+    """
     row = _PG_ROW if connection.vendor == "postgresql" else _SQLITE_ROW
     params: list[Any] = []
     for fields in entries:
@@ -157,13 +160,15 @@ def _insert(connection, entries: list[dict[str, Any]]) -> list[AuditEvent]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         ids = [r[0] for r in cursor.fetchall()]
-    events = []
+    if not events:
+        return []
+    saved = []
     for event_id, fields in zip(sorted(ids), entries, strict=True):
         event = AuditEvent(id=event_id, **fields)
         event._state.adding = False
         event._state.db = connection.alias
-        events.append(event)
-    return events
+        saved.append(event)
+    return saved
 
 
 class _Batch(threading.local):
@@ -191,7 +196,7 @@ def batch() -> Iterator[None]:
     finally:
         _batch.entries = None
     if entries:
-        _insert(connections[router.db_for_write(AuditEvent)], entries)
+        _insert(connections[router.db_for_write(AuditEvent)], entries, events=False)
 
 
 def append(

@@ -9,14 +9,18 @@ a redelivered message, a late worker or a second worker changes nothing.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import uuid
 from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Case, F, PositiveSmallIntegerField, Q, Value, When
-from django.db.models.functions import Coalesce
+from django.db import connection
+from django.db.models import F
 from django.utils import timezone
+
+from workspaces.models import Workspace
 
 from .models import Run, RunStatus
 from .transitions import log_change
@@ -43,6 +47,23 @@ def claimant_is_dead(claimed_by: str) -> bool:
     return state in ("Z", "X")
 
 
+_CLAIM_SQL = """
+UPDATE automations_run SET
+    status = %(running)s, claimed_by = %(me)s, lease_expires_at = %(lease)s, wake_at = NULL,
+    started_at = COALESCE(started_at, %(now)s),
+    recoveries = CASE WHEN status = %(running)s AND claimed_by <> %(me)s THEN recoveries + 1 ELSE recoveries END
+WHERE id = %(id)s AND (
+    (status = %(queued)s AND enqueued_at IS NOT NULL)
+    OR (status = %(waiting)s AND wake_at <= %(now)s)
+    OR (status = %(running)s AND lease_expires_at < %(now)s)
+    OR (%(held)s AND status = %(running)s AND claimed_by = %(me)s))
+RETURNING *,
+    (SELECT egress_allowlist FROM workspaces_workspace WHERE id = automations_run.workspace_id)
+        AS claimed_egress_allowlist,
+    EXISTS (SELECT 1 FROM automations_steprun WHERE run_id = automations_run.id) AS claimed_has_steps
+"""
+
+
 def claim(run_id: str, me: str, *, held: bool = False) -> Run | None:
     """Take ``run_id`` if it is due (queued, a timer that fired, a lease that ran out); else None.
 
@@ -51,34 +72,47 @@ def claim(run_id: str, me: str, *, held: bool = False) -> Run | None:
     ends (``AUTOPLANE_MAX_RECOVERIES``, see the executor). ``held``: this worker
     claimed the run before a database error and takes it back if it still holds it
     (not a recovery).
+
+    One statement: the conditional UPDATE returns the run, its workspace's egress
+    allowlist (the only workspace field a step reads) and whether it has step rows
+    yet (``run.has_step_runs``: a fresh run has none to read).
     """
     now = timezone.now()
     lease = now + timedelta(seconds=settings.AUTOPLANE_RUN_LEASE_SECONDS)
-    claimable = (
-        Q(status=RunStatus.QUEUED, enqueued_at__isnull=False)
-        | Q(status=RunStatus.WAITING, wake_at__lte=now)
-        | Q(status=RunStatus.RUNNING, lease_expires_at__lt=now)
-    )
-    if held:
-        claimable |= Q(status=RunStatus.RUNNING, claimed_by=me)
-    taken = Run.objects.filter(claimable, pk=run_id).update(
-        status=RunStatus.RUNNING, claimed_by=me, lease_expires_at=lease, wake_at=None,
-        started_at=Coalesce(F("started_at"), Value(now)),
-        # SET reads the row as it was: a run that was running is being recovered, unless it is ours.
-        recoveries=Case(When(Q(status=RunStatus.RUNNING) & ~Q(claimed_by=me), then=F("recoveries") + 1),
-                        default=F("recoveries"), output_field=PositiveSmallIntegerField()),
-    )  # fmt: skip
-    if not taken:
-        # A worker on this host that died (kill -9, OOM) leaves its lease behind;
-        # take over at once instead of waiting for the lease to run out.
-        row = Run.objects.filter(pk=run_id, status=RunStatus.RUNNING).values("claimed_by").first()
-        if row and row["claimed_by"] and row["claimed_by"] != me and claimant_is_dead(row["claimed_by"]):
-            taken = Run.objects.filter(
-                pk=run_id, status=RunStatus.RUNNING, claimed_by=row["claimed_by"]
-            ).update(claimed_by=me, lease_expires_at=lease, recoveries=F("recoveries") + 1)
+    try:
+        pk = uuid.UUID(str(run_id))
+    except ValueError:
+        return None
+    adapt = connection.ops.adapt_datetimefield_value
+    params = {
+        "running": RunStatus.RUNNING, "queued": RunStatus.QUEUED, "waiting": RunStatus.WAITING, "me": me,
+        "lease": adapt(lease), "now": adapt(now), "held": held,
+        "id": Run._meta.pk.get_db_prep_value(pk, connection),
+    }  # fmt: skip
+    found = list(Run.objects.raw(_CLAIM_SQL, params))
+    if found:
+        run = found[0]
+        allowlist = run.claimed_egress_allowlist
+        if isinstance(allowlist, str | bytes):  # raw annotations are not converted
+            allowlist = json.loads(allowlist)
+        # The workspace with only what a step reads; any other field loads on use.
+        run.workspace = Workspace.from_db(connection.alias, ["id", "egress_allowlist"],
+                                          [run.workspace_id, allowlist])  # fmt: skip
+        run.has_step_runs = bool(run.claimed_has_steps)
+        run.first_claim = run.started_at == now  # the COALESCE above kept an earlier start
+        log_change(run.pk, RunStatus.RUNNING, detail=f"claimed by {me}")
+        return run
+    # A worker on this host that died (kill -9, OOM) leaves its lease behind;
+    # take over at once instead of waiting for the lease to run out.
+    row = Run.objects.filter(pk=run_id, status=RunStatus.RUNNING).values("claimed_by").first()
+    taken = 0
+    if row and row["claimed_by"] and row["claimed_by"] != me and claimant_is_dead(row["claimed_by"]):
+        taken = Run.objects.filter(pk=run_id, status=RunStatus.RUNNING, claimed_by=row["claimed_by"]).update(
+            claimed_by=me, lease_expires_at=lease, recoveries=F("recoveries") + 1
+        )
     if not taken:
         return None
     run = Run.objects.select_related("workspace").get(pk=run_id)
-    log_change(run.pk, RunStatus.RUNNING, detail=f"claimed by {me}")
-    run.first_claim = run.started_at == now  # the Coalesce above kept an earlier start
+    log_change(run.pk, RunStatus.RUNNING, detail=f"claimed by {me} (its worker died)")
+    run.first_claim = False  # it was running: started before
     return run

@@ -8,7 +8,9 @@ Crash safety rests on three rules:
 * **Checkpoint before a slow or side-effecting call.** The step is recorded as
   ``running`` (with its idempotency key) and committed *before* its handler is
   called; its outcome is committed after. Quick steps without side effects
-  (milliseconds) share one transaction instead, being safe to repeat.
+  (milliseconds) share one transaction instead, being safe to repeat; the
+  first such stretch shares the claim's transaction (:meth:`Executor.begin`),
+  so a crash before its commit leaves the run unclaimed, as if never started.
 * **Recovery.** A claim that finds the current step ``running`` with no outcome
   knows the previous worker died mid-call: a step safe to retry gets a new
   attempt; any other becomes ``OUTCOME_UNKNOWN`` and the run
@@ -42,6 +44,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from approvals.services import approvals_settle_for_step
+from audit import writer
 from audit.models import Outcome
 from audit.redaction import redact
 from capabilities.base import AwaitingApproval, Envelope, ErrorCode, StepFailure
@@ -76,26 +79,55 @@ class Executor(RunRecorder):
 
     # --- the loop ------------------------------------------------------------
 
-    def execute(self) -> None:
+    def begin(self) -> bool:
+        """In the claim's transaction: recovery, the start, and the run's first quick steps.
+
+        The claim, the run's start and a first stretch of quick steps (often the whole
+        run and its end) commit together: a crash or error before the commit rolls
+        the claim back too, and the run is claimed afresh, as if it never started.
+        The claim's UPDATE holds the run's row until then, so no cancel can arrive
+        meanwhile and the run's own writes are merged into one statement
+        (``row_locked``). False: the run left this worker.
+        """
+        self.row_locked = True
         try:
-            if not self._recover():
-                return
-            self._start()  # committed on its own: a batch below may roll back, the start must not
+            going_on = self._recover()
+            if going_on:
+                self._start()
+                if self._quick_step_next():
+                    going_on = not self._quick_batch()
+            self._flush_run()
+            return going_on
+        except LostClaim:
+            logger.info("run %s: claim lost to another worker; stopping", self.run.pk)
+            return False
+        finally:
+            self.row_locked = False
+
+    def execute(self) -> None:
+        """Drive the run on from where :meth:`begin` left it (its transaction committed)."""
+        try:
             while True:
                 if self._quick_step_next():
                     # Steps without side effects that finish in milliseconds are safe to
                     # repeat after a crash, so a run of them (and the run's end) share one
-                    # transaction instead of committing step by step.
-                    with transaction.atomic():
-                        self.batching = True
-                        done = self._advance_while(self._quick_step_next)
-                    self.batching = False
+                    # transaction instead of committing step by step, and their audit
+                    # events one INSERT.
+                    with transaction.atomic(), writer.batch():
+                        done = self._quick_batch()
                 else:
                     done = self._advance_while(lambda: True, limit=1)
                 if done:
                     return
         except LostClaim:
             logger.info("run %s: claim lost to another worker; stopping", self.run.pk)
+
+    def _quick_batch(self) -> bool:
+        self.batching = True
+        try:
+            return self._advance_while(self._quick_step_next)
+        finally:
+            self.batching = False
 
     def _advance_while(self, condition, limit: int | None = None) -> bool:
         """Run steps while ``condition()`` holds; True once the run left this worker."""
@@ -208,7 +240,7 @@ class Executor(RunRecorder):
         return True
 
     def _stop_requested(self) -> bool:
-        if self.fresh:
+        if self.fresh or self.row_locked:  # what the claim read is still what the row says
             self.fresh = False
             cancel = self.run.cancel_requested
         else:
@@ -382,14 +414,18 @@ def execute_run(run_id: str, me: str | None = None) -> str | None:
     held = False
 
     def attempt() -> str | None:
-        run = claim(run_id, me, held=held)
-        if run is None:
-            return None
-        if run.status in FINAL_RUN_STATUSES:
-            return run.status
-        executor = Executor(run, me)
-        with logs.bound(run_id=str(run.pk), trace_id=run.trace_id, workspace=run.workspace_id):
-            executor.execute()
+        with transaction.atomic(), writer.batch():  # see Executor.begin
+            run = claim(run_id, me, held=held)
+            if run is None:
+                return None
+            if run.status in FINAL_RUN_STATUSES:
+                return run.status
+            executor = Executor(run, me)
+            with logs.bound(run_id=str(run.pk), trace_id=run.trace_id, workspace=run.workspace_id):
+                going_on = executor.begin()
+        if going_on:
+            with logs.bound(run_id=str(run.pk), trace_id=run.trace_id, workspace=run.workspace_id):
+                executor.execute()
         return executor.run.status
 
     def again() -> None:

@@ -51,7 +51,13 @@ class RunRecorder:
     def __init__(self, run: Run, me: str):
         self.run = run
         self.me = me
-        self.step_runs = {(s.phase, s.index): s for s in StepRun.objects.filter(run=run)}
+        # A run claimed for the first time has no step rows: nothing to read.
+        rows = StepRun.objects.filter(run=run) if getattr(run, "has_step_runs", True) else ()
+        self.step_runs = {(s.phase, s.index): s for s in rows}
+        # While this worker's transaction holds the run's row (Executor.begin), run writes
+        # that keep its status wait in ``_pending`` and go with the next write (or the flush).
+        self.row_locked = False
+        self._pending: dict[str, Any] = {}
         self.execution = run.snapshot.get("execution") or {}
         self.autonomy = self.execution.get("autonomy", defs.DEFAULT_AUTONOMY)
         timeout = float(self.execution.get("timeout_seconds", DEFAULT_RUN_TIMEOUT))
@@ -63,6 +69,13 @@ class RunRecorder:
         """Write run fields only while this worker still holds the claim."""
         if "status" in fields:
             check_transition(self.run.status, fields["status"])
+        elif self.row_locked and not any(hasattr(value, "resolve_expression") for value in fields.values()):
+            self._pending.update(fields)  # nobody else can write the row before we do
+            for name, value in fields.items():
+                setattr(self.run, name, value)
+            return
+        fields = {**self._pending, **fields}
+        self._pending = {}
         updated = Run.objects.filter(pk=self.run.pk, claimed_by=self.me, status=self.run.status).update(
             **fields
         )
@@ -75,6 +88,15 @@ class RunRecorder:
         for name, value in fields.items():
             if not hasattr(value, "resolve_expression"):
                 setattr(self.run, name, value)
+
+    def _flush_run(self) -> None:
+        """Write what :meth:`_update_run` kept back (before the row's lock goes)."""
+        if self._pending:
+            pending, self._pending = self._pending, {}
+            if not Run.objects.filter(pk=self.run.pk, claimed_by=self.me, status=self.run.status).update(
+                **pending
+            ):
+                raise LostClaim(str(self.run.pk))
 
     def _audit(self, type: str, summary: str, outcome: str = Outcome.INFO, **extra: Any) -> None:
         writer.append(

@@ -85,7 +85,9 @@ def test_home_lists_approvals_waiting_for_an_approver_with_what_will_run(people,
 
 
 def test_home_lists_no_approvals_for_a_viewer_but_the_problems_and_platform_state(people, busy):
-    Run.objects.filter(status=RunStatus.NEEDS_ATTENTION).update(created_at=timezone.now() - timedelta(hours=1))
+    Run.objects.filter(status=RunStatus.NEEDS_ATTENTION).update(
+        created_at=timezone.now() - timedelta(hours=1)
+    )
     body = _home(people.viewer)
 
     assert 'id="approvals-for-me"' not in body
