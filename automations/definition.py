@@ -28,7 +28,6 @@ RESERVED_NAMES = frozenset({"inputs", "trigger", "run", "event"})
 INPUT_DEFAULT_TOKENS = frozenset({"$last_fired_at", "$now", "$creator"})
 MIN_SCHEDULE_INTERVAL_SECONDS = 60
 MAX_DEFINITION_BYTES = 512 * 1024
-CODE_ACTIONS = frozenset({"run_python", "run_shell"})  # steps that receive credentials as environment
 
 _IDENT = "^[a-zA-Z][a-zA-Z0-9_-]{0,63}$"
 
@@ -291,11 +290,11 @@ class _Checker:
         if len(self.issues) == before and action.validate is not None:
             for suffix, code, message in action.validate(config):
                 self.add(path + "/config" + suffix, code, message)
-        self.check_credentials(step["action"], config, path + "/config")
+        self.check_credentials(action, config, path + "/config")
         if action.target is not None:
             self.check_capability_call(action, config, path + "/config")
 
-    def check_credentials(self, action: str, config: Mapping[str, Any], path: str) -> None:
+    def check_credentials(self, action: ActionDefinition, config: Mapping[str, Any], path: str) -> None:
         if self.credential_names is None:
             return
         names = []
@@ -312,19 +311,21 @@ class _Checker:
             elif self.credential_grants is not None and name in self.credential_grants:
                 self.check_grant(action, config, path + suffix, name, self.credential_grants[name])
 
-    def check_grant(self, action: str, config: Mapping[str, Any], path: str, name: str, grant: Grant) -> None:
+    def check_grant(
+        self, action: ActionDefinition, config: Mapping[str, Any], path: str, name: str, grant: Grant
+    ) -> None:
         """What a literal reference shows breaks the credential's grants (the rest is checked at use)."""
         if self.automation_id is not None and not grant.allows_automation(self.automation_id):
             problem = "is not granted to this automation"
         elif self.automation_id is None and grant.allowed_automations is not None:
             problem = "is granted to listed automations only: create the automation, then have it granted"
-        elif action in CODE_ACTIONS and not grant.allow_code_steps:
+        elif action.credentials_to_code and not grant.allow_code_steps:
             problem = "may not be given to code steps"
         elif (
-            action == "http_request"
-            and isinstance(config.get("url"), str)
-            and not template.is_template(config["url"])
-            and not grant.allows_destination(config["url"])
+            action.credential_destination is not None
+            and isinstance(destination := action.credential_destination(config), str)
+            and not template.is_template(destination)
+            and not grant.allows_destination(destination)
         ):
             problem = "may not be sent to this URL (see the credential's allowed_destinations)"
         else:

@@ -345,3 +345,17 @@ class ActionDefinition:
     # capability then decides risk, side effects and the argument schema.
     target: Callable[[Mapping[str, Any], int], Capability | None] | None = None
     target_args: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+    # Credentials it names reach code a workspace wrote (as environment): a credential's
+    # grant must allow code steps (run_python, run_shell).
+    credentials_to_code: bool = False
+    # Where a rendered config sends its credential (http_request: its URL), checked against
+    # the credential's allowed destinations; None when it sends it nowhere checkable.
+    credential_destination: Callable[[Mapping[str, Any]], Any] | None = None
+    # The capability ids and tool patterns a config uses besides the action itself (an
+    # agent_task's tools), listed for a draft's review.
+    uses: Callable[[Mapping[str, Any]], Sequence[str]] = _nobody
+    # An LLM answers for it (agent_task): a draft's review flags it (cost, answers vary).
+    model_driven: bool = False
+    # An agent_task may call it as a tool (its config is the tool's arguments), without these keys.
+    as_tool: bool = False
+    tool_hidden_args: tuple[str, ...] = ()

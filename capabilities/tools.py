@@ -1,10 +1,11 @@
 """What an ``agent_task`` may call: capabilities and a few actions, by allowlist glob.
 
 A tool is a native capability (``core.echo``), a harvested MCP tool
-(``notes.search``) or one of ``TOOL_ACTIONS`` used as a capability (its config
-is the tool's arguments). ``http_request`` as a tool takes no ``credential``:
-a model choosing both the URL and a credential could send that credential
-anywhere; authenticated calls belong in a step a human wrote.
+(``notes.search``) or an action whose definition says ``as_tool`` used as a capability (its config
+is the tool's arguments, less the definition's ``tool_hidden_args``: ``http_request``
+as a tool takes no ``credential``, as a model choosing both the URL and a
+credential could send that credential anywhere; authenticated calls belong in
+a step a human wrote).
 
 The allowlist is a list of ``fnmatch`` globs over tool ids. The model sees
 only the tools the allowlist matches, each under a function name the
@@ -20,11 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import registry
-from .base import ActionContext, Capability, Envelope
+from .base import ActionContext, ActionDefinition, Capability, Envelope
 
-TOOL_ACTIONS = ("http_request", "send_email", "emit_event")
-# Never handed to a model: they hold a credential name or are the engine's own plumbing.
-_STRIPPED_ARGS = {"http_request": ("credential",)}
 _FUNCTION_NAME = re.compile(r"[^a-zA-Z0-9_-]")
 
 
@@ -41,16 +39,17 @@ def allowed(tool_id: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatchcase(tool_id, pattern) for pattern in patterns)
 
 
-def _action_tool(name: str) -> Tool | None:
-    action = registry.get_action(name)
-    if action is None:
-        return None
+def _tool_actions() -> list[ActionDefinition]:
+    return [action for action in registry.all_actions() if action.as_tool]
+
+
+def _action_tool(action: ActionDefinition) -> Tool:
     schema = dict(action.config_schema)
-    stripped = _STRIPPED_ARGS.get(name, ())
+    stripped = action.tool_hidden_args
     if stripped:
         schema["properties"] = {k: v for k, v in schema.get("properties", {}).items() if k not in stripped}
         schema["additionalProperties"] = False
-    return Tool(id=name, description=action.description, input_schema=schema, describe=action.describe,
+    return Tool(id=action.name, description=action.description, input_schema=schema, describe=action.describe,
                 handler=action.handler)  # fmt: skip
 
 
@@ -62,14 +61,15 @@ def _capability_tool(capability: Capability) -> Tool | None:
 
 
 def tool(tool_id: str, workspace_id: int) -> Tool | None:
-    if tool_id in TOOL_ACTIONS:
-        return _action_tool(tool_id)
+    action = registry.get_action(tool_id)
+    if action is not None and action.as_tool:
+        return _action_tool(action)
     capability = registry.get_capability(tool_id, workspace_id)
     return _capability_tool(capability) if capability is not None else None
 
 
 def tools_matching(patterns: Sequence[str], workspace_id: int) -> list[Tool]:
-    candidates = [*(_action_tool(name) for name in TOOL_ACTIONS),
+    candidates = [*(_action_tool(action) for action in _tool_actions()),
                   *(_capability_tool(c) for c in registry.list_capabilities(workspace_id))]  # fmt: skip
     return [t for t in candidates if t is not None and allowed(t.id, patterns)]
 

@@ -42,11 +42,9 @@ def capabilities_used(definition: Mapping[str, Any]) -> set[str]:
     used: set[str] = set()
     for _, step in _steps(definition):
         used.add(str(step.get("action")))
-        config = step.get("config") or {}
-        if step.get("action") == "call_capability" and isinstance(config.get("capability"), str):
-            used.add(config["capability"])
-        if step.get("action") == "agent_task":
-            used.update(str(t) for t in config.get("tools") or [])
+        action = defs.action_of(step)
+        if action is not None:
+            used.update(action.uses(step.get("config") or {}))
     return used
 
 
@@ -68,7 +66,8 @@ def deterministic_flags(
     costly = False
     for path, step in _steps(definition):
         step_id = step.get("step_id")
-        if step.get("action") == "agent_task":
+        action = defs.action_of(step)
+        if action is not None and action.model_driven:
             costly = True
             flags.append(_flag("agent_task", path, f"{step_id}: an LLM step (tokens cost money, answers vary); "
                                                    "check whether a tight action would do"))  # fmt: skip

@@ -209,4 +209,6 @@ ACTION = ActionDefinition(
     describe=describe,
     handler=handler,
     validate=validate,
+    uses=lambda config: [str(t) for t in config.get("tools") or []],
+    model_driven=True,
 )

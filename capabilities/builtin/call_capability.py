@@ -65,4 +65,5 @@ ACTION = ActionDefinition(
         str(config.get("capability", "")), workspace_id
     ),
     target_args=lambda config: config.get("args") or {},
+    uses=lambda config: [config["capability"]] if isinstance(config.get("capability"), str) else [],
 )

@@ -507,6 +507,7 @@ RUN_PYTHON = ActionDefinition(
     handler=_python_handler,
     validate=_validate_python,
     risk_inputs=_risk_inputs,
+    credentials_to_code=True,
 )
 
 RUN_SHELL = ActionDefinition(
@@ -520,4 +521,5 @@ RUN_SHELL = ActionDefinition(
     handler=_shell_handler,
     validate=_validate_shell,
     risk_inputs=_risk_inputs,
+    credentials_to_code=True,
 )

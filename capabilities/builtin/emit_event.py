@@ -54,4 +54,5 @@ ACTION = ActionDefinition(
     config_schema=CONFIG_SCHEMA,
     describe=describe,
     handler=handler,
+    as_tool=True,
 )

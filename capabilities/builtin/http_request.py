@@ -372,4 +372,8 @@ ACTION = ActionDefinition(
     describe=describe,
     handler=handler,
     risk_inputs=lambda config: RiskInputs(method=str(config.get("method", "GET")).upper()),
+    credential_destination=lambda config: config.get("url"),
+    as_tool=True,
+    # A model choosing both the URL and a credential could send that credential anywhere.
+    tool_hidden_args=("credential",),
 )

@@ -142,4 +142,5 @@ ACTION = ActionDefinition(
     # A message half handed to the mail server may or may not go out: the hand-over finishes,
     # then the run stops.
     interruptible=False,
+    as_tool=True,
 )
