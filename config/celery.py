@@ -8,10 +8,13 @@ from celery import Celery
 from django.conf import settings
 from kombu import Exchange, Queue
 from kombu.exceptions import ChannelError
+from kombu.transport import TRANSPORT_ALIASES
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("autoplane")
+# The embedded broker (sqla+sqlite://) with its polling interval; kombu imports it on first connect.
+TRANSPORT_ALIASES["sqla"] = TRANSPORT_ALIASES["sqlalchemy"] = "config.embedded_broker:Transport"
 app.config_from_object("django.conf:settings", namespace="CELERY")
 
 # Duration classes (SPEC §7.1): a run goes to the queue of its longest step.

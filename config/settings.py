@@ -196,17 +196,17 @@ for _url in (CELERY_BROKER_URL, CELERY_RESULT_BACKEND):  # the embedded broker's
 # redelivered while its step is still legitimately running.
 CELERY_VISIBILITY_TIMEOUT = env.int("CELERY_VISIBILITY_TIMEOUT", default=2 * 3600)
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_VISIBILITY_TIMEOUT}
+# Seconds between two polls of the embedded broker (a second of latency per task at kombu's default 1 s).
+EMBEDDED_BROKER_POLLING_INTERVAL = env.float("CELERY_POLLING_INTERVAL", default=0.05)
 if CELERY_BROKER_URL.startswith("sqla+"):
     # kombu's SQLAlchemy transport hands every transport option to SQLAlchemy's
     # create_engine(), which rejects the ones it does not know (kombu#2157), and
-    # it has no visibility timeout anyway; its polling interval (1 s by default,
-    # a second of latency per task) is therefore set on the transport class.
-    import kombu.transport.sqlalchemy
-
+    # it has no visibility timeout anyway; its polling interval is therefore set on
+    # the transport class, config.embedded_broker.Transport (not imported here: it
+    # loads SQLAlchemy, ~0.5 s, and only a process that talks to the broker needs it).
     CELERY_BROKER_TRANSPORT_OPTIONS = {}
-    kombu.transport.sqlalchemy.Transport.polling_interval = env.float("CELERY_POLLING_INTERVAL", default=0.05)
 elif BROKER_IS_EMBEDDED:
-    CELERY_BROKER_TRANSPORT_OPTIONS["polling_interval"] = env.float("CELERY_POLLING_INTERVAL", default=0.05)
+    CELERY_BROKER_TRANSPORT_OPTIONS["polling_interval"] = EMBEDDED_BROKER_POLLING_INTERVAL
 
 # Task events (task-received/started/succeeded...) for Flower and `celery events`: off by
 # default, they add a broker publish per task state (docs/performance.md); docker-compose.yml

@@ -19,6 +19,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 from a2wsgi import WSGIMiddleware  # noqa: E402
 from django.conf import settings  # noqa: E402
 
+from config.celery import app as celery_app  # noqa: E402
 from ops.wsgi import application as wsgi_application  # noqa: E402
+
+# kombu imports the broker's transport (SQLAlchemy on the embedded lane) on the first
+# connection; import it now, so that gunicorn's workers forked after --preload share it.
+celery_app.connection_for_write().get_transport_cls()
 
 application = WSGIMiddleware(wsgi_application, workers=settings.AUTOPLANE_WEB_THREADS)

@@ -130,3 +130,41 @@ def test_starting_django_does_not_import_the_mcp_sdk():
                             timeout=300, check=True)  # fmt: skip
 
     assert result.stdout.strip() == "[]"
+
+
+LANES = {
+    # Nothing connects while Django starts: these URLs are only read.
+    "embedded": {},
+    "redis": {
+        "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/ap_import_check",
+        "CELERY_BROKER_URL": "redis://127.0.0.1:6379/0",
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("lane", "unwanted"), [("embedded", ("redis", "sqlalchemy")), ("redis", ("sqlalchemy",))]
+)
+def test_starting_django_does_not_import_another_lanes_broker_client(lane, unwanted, tmp_path):
+    """Every process of ``up`` starts Django: the settings load no broker client (kombu imports
+    the transport on the first connection, config.embedded_broker on the embedded lane), and
+    ``redis`` is loaded by the webhook rate limit only on the Redis lane (triggers.rate_limit_redis)."""
+    code = (
+        "import sys, django; django.setup(); "
+        "import config.celery, config.urls; "
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {unwanted!r} "
+        "or m in ('config.embedded_broker', 'triggers.rate_limit_redis')))"
+    )
+    keep = {k: v for k, v in os.environ.items() if k not in (
+        "DATABASE_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "AUTOPLANE_RATE_LIMIT_REDIS_URL"
+    )}  # fmt: skip
+    env = {
+        **keep,
+        **LANES[lane],
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "AUTOPLANE_DATA_DIR": str(tmp_path),
+    }
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env,
+                            timeout=300, check=True)  # fmt: skip
+
+    assert result.stdout.strip() == "[]"

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import functools
 import hmac
 import logging
 import time
@@ -58,14 +57,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from hashlib import sha256
+from importlib import import_module
 from typing import Any
 
-import redis
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from automations.dispatcher import (
     Dedupe,
@@ -85,6 +82,8 @@ from .input_mapping import MappingError, map_inputs
 from .models import Trigger, TriggerType, WebhookRateWindow
 
 logger = logging.getLogger(__name__)
+# Imported on the first fire counted in Redis only: the embedded lane never loads redis.
+REDIS_RATE_LIMIT_MODULE = "triggers.rate_limit_redis"
 
 MAX_BODY_BYTES = 256 * 1024
 MAX_TOKEN_CHARS = 200
@@ -199,24 +198,10 @@ def rate_limit_hit(trigger: Trigger, limit: int, now: float | None = None) -> in
     return max(1, int((window + 1) * 60 - now + 0.999))
 
 
-@functools.cache
-def _redis_client(url: str) -> redis.Redis:
-    # One attempt: a Redis that does not answer costs a fire one timeout, not several backoffs.
-    return redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0,
-                                retry=Retry(NoBackoff(), 0))  # fmt: skip
-
-
 def _redis_hits(trigger: Trigger, window: int) -> int | None:
-    """The window's count after this attempt, in one round trip (INCR + EXPIRE); None if Redis fails."""
+    """The window's count after this attempt, counted in Redis; None if Redis fails."""
     key = f"autoplane:webhook-rate:{trigger.pk}:{window}"
-    try:
-        pipe = _redis_client(settings.AUTOPLANE_RATE_LIMIT_REDIS_URL).pipeline(transaction=False)
-        pipe.incr(key)
-        pipe.expire(key, 120)  # the window and the next: nothing to clean up
-        return int(pipe.execute()[0])
-    except redis.RedisError as exc:
-        logger.warning("webhook rate limit: Redis failed (%r); counting in the database", exc)
-        return None
+    return import_module(REDIS_RATE_LIMIT_MODULE).window_hits(settings.AUTOPLANE_RATE_LIMIT_REDIS_URL, key)
 
 
 def _database_hits(trigger: Trigger, window: int) -> int:

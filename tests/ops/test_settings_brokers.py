@@ -39,3 +39,25 @@ def _result_backend(broker_url: str, tmp_path: Path) -> str:
 )
 def test_rabbitmq_and_redis_brokers_get_a_loadable_result_backend(broker_url, expected, tmp_path):
     assert _result_backend(broker_url, tmp_path) == expected
+
+
+def test_the_embedded_broker_polls_every_celery_polling_interval(tmp_path):
+    """kombu's SQLAlchemy transport would poll once a second; config.embedded_broker's subclass
+    (loaded by kombu on the first connection, not by the settings) polls as configured."""
+    env = {k: v for k, v in os.environ.items() if k not in ("CELERY_BROKER_URL", "CELERY_RESULT_BACKEND")}
+    env.update(
+        AUTOPLANE_DATA_DIR=str(tmp_path),
+        DJANGO_SETTINGS_MODULE="config.settings",
+        CELERY_POLLING_INTERVAL="0.03",
+    )
+    code = (
+        "import django; django.setup(); from config.celery import app; "
+        "conn = app.connection_for_write(); conn.ensure_connection(max_retries=0); "
+        "channel = conn.default_channel; channel.queue_declare(queue='default'); "
+        "print(type(conn.transport).__module__, conn.transport.polling_interval, "
+        "channel.queue_declare(queue='default', passive=True).message_count)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                         check=True, timeout=300)  # fmt: skip
+
+    assert out.stdout.split() == ["config.embedded_broker", "0.03", "0"]
