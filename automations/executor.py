@@ -48,7 +48,7 @@ from audit import writer
 from audit.models import Outcome
 from audit.redaction import redact
 from capabilities.base import AwaitingApproval, Envelope, ErrorCode, StepFailure
-from config import instruments, logs
+from config import instruments, logs, tracing
 
 from . import definition as defs
 from . import gating, steps, transient
@@ -343,6 +343,9 @@ class Executor(RunRecorder):
         tools.ctx = ctx
         try:
             with ExitStack() as watching:
+                watching.enter_context(tracing.span(f"step {step_id}", **{
+                    "autoplane.step_id": step_id, "autoplane.action": step["action"], "autoplane.attempt": attempt,
+                    "autoplane.trace_id": self.run.trace_id}))  # fmt: skip
                 if started:  # however long the handler runs, this worker keeps the run and hears a cancel
                     cancelled = ctx.cancelled if prepared.action.interruptible else None
                     watching.enter_context(StepWatch(str(self.run.pk), self.me, cancelled))
@@ -424,7 +427,11 @@ def execute_run(run_id: str, me: str | None = None) -> str | None:
             with logs.bound(run_id=str(run.pk), trace_id=run.trace_id, workspace=run.workspace_id):
                 going_on = executor.begin()
         if going_on:
-            with logs.bound(run_id=str(run.pk), trace_id=run.trace_id, workspace=run.workspace_id):
+            with (
+                logs.bound(run_id=str(run.pk), trace_id=run.trace_id, workspace=run.workspace_id),
+                tracing.span("run", **{"autoplane.run_id": str(run.pk), "autoplane.trace_id": run.trace_id,
+                                       "autoplane.queue": run.queue}),
+            ):  # fmt: skip
                 executor.execute()
         return executor.run.status
 

@@ -10,6 +10,9 @@ class OpsConfig(AppConfig):
     def ready(self) -> None:
         # Celery lifecycle signals (worker ready/shutdown, beat start) are how a
         # process announces that it is alive; they carry no business logic.
+        from config import tracing
+
         from . import heartbeats
 
         heartbeats.connect()
+        tracing.configure()  # nothing unless OTEL_EXPORTER_OTLP_ENDPOINT is set
