@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import Permission as AuthPermission
+from django.db import connections
 from django.utils import timezone
 from playwright.sync_api import sync_playwright
 
@@ -75,6 +76,9 @@ def browser_page(live_server, operator_account, monkeypatch, tmp_path):
             page.shot = lambda name: page.screenshot(path=str(tmp_path / f"{name}.png"), full_page=True)
             yield page
         finally:
+            # ORM calls made while Playwright's event loop runs get their own connection (Django keys
+            # connections by async context there): close it, or the test database cannot be dropped.
+            connections.close_all()
             browser.close()
 
 
