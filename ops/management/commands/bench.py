@@ -13,8 +13,10 @@ class Command(BaseCommand):
     help = "Benchmark the engine against a bare Celery round trip on the configured database and broker."
 
     def add_arguments(self, parser):
-        parser.add_argument("-n", type=int, default=200, help="samples per latency figure")
-        parser.add_argument("--runs", type=int, default=800, help="runs for the throughput figure")
+        parser.add_argument("-n", type=int, default=None, help="samples per latency figure (default 200; "
+                            "with --http on the embedded lane, whose broker polls, 50)")  # fmt: skip
+        parser.add_argument("--runs", type=int, default=None, help="runs for the throughput figure (default 800; "
+                            "with --http on the embedded lane 200)")  # fmt: skip
         parser.add_argument("--fast-concurrency", type=int, default=2)
         parser.add_argument("--skip", nargs="*", default=[], help="sections to skip: throughput slope isolation "
                             "webhook events audit sandbox (with --http: throughput slope workspaces audit)")  # fmt: skip
@@ -38,6 +40,9 @@ class Command(BaseCommand):
 
         from django.conf import settings
 
+        small = options["http"] and settings.BROKER_IS_EMBEDDED  # a few minutes on either lane
+        n = n if n is not None else 50 if small else 200
+        runs = runs if runs is not None else 200 if small else 800
         logging.getLogger().setLevel(logging.WARNING)  # per-step INFO lines would drown the figures
         if options["history"]:
             self._history(options["history"], options["confirmed"])
