@@ -50,7 +50,6 @@ def step_risk(
     inputs: RiskInputs | None = None,
     *,
     recipients: int = 0,
-    step_id: str = "",
     quiet_hours: bool = False,
 ) -> tuple[Risk, list[str]]:
     """The capability's risk raised one level per rule that applies; never lowered.
@@ -68,10 +67,6 @@ def step_risk(
     verbs = destructive_segments(capability.id)
     if verbs:
         rules.append(f"capability {capability.id} names a destructive verb ({verbs[0]})")
-    named = destructive_segments(step_id)
-    if named and not verbs:
-        # Still honoured, as whole words only ("wipe_cache" raises, "dropdown_options" does not).
-        rules.append(f"step {step_id} names a destructive verb ({named[0]})")
     if quiet_hours:
         rules.append("quiet hours")
     risk = capability.risk

@@ -66,7 +66,7 @@ class ToolGateway:
         tool = tools.tool(tool_id, self.run.workspace_id)
         assert tool is not None  # _refusal looked it up
         capability = _describe(tool, args)
-        risk, reasons = steps.risk_for(self.step["step_id"], registry.get_action(tool_id), args, capability)
+        risk, reasons = steps.risk_for(registry.get_action(tool_id), args, capability)
         decision = policy.Decision.PREVIEW if self.autonomy == "A0" else policy.gate(self.autonomy, risk)
         if decision == policy.Decision.BLOCK:
             failure = StepFailure(ErrorCode.POLICY_VIOLATION,

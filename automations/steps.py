@@ -154,19 +154,20 @@ def prepare(run: Run, step: dict[str, Any], attempt: int) -> PreparedStep | Skip
             )
     if capability is None:
         return _failure(ErrorCode.CAPABILITY_NOT_FOUND, f"unknown capability '{step['action']}'")
-    risk, reasons = risk_for(step["step_id"], action, config, capability)
+    risk, reasons = risk_for(action, config, capability)
     return PreparedStep(
         step=step, action=action, config=config, capability=capability, risk=risk, reasons=reasons
     )
 
 
 def risk_for(
-    step_id: str, action: ActionDefinition | None, config: Mapping[str, Any], capability: Capability
+    action: ActionDefinition | None, config: Mapping[str, Any], capability: Capability
 ) -> tuple[Risk, list[str]]:
-    """A step's (or an agent tool call's) risk: the capability's, raised by what the action reads in the config."""
+    """A step's (or an agent tool call's) risk: the capability's, raised by what the action reads in the
+    config (method, recipients, network grant). The step's id is a label and plays no part."""
     inputs = action.risk_inputs(config) if action is not None else RiskInputs()
     recipients = len(action.notifies(config)) if action is not None else 0
-    return policy.step_risk(capability, inputs, recipients=recipients, step_id=step_id)
+    return policy.step_risk(capability, inputs, recipients=recipients)
 
 
 _validators: dict[str, Draft202012Validator] = {}

@@ -76,20 +76,24 @@ def http_step(step_id: str, url: str, method: str = "GET", **extra: Any) -> dict
     return {"step_id": step_id, "action": "http_request", "config": {"method": method, "url": url}, **extra}
 
 
-# Steps of each risk against the local server (approvals.policy.step_risk):
-#   low      GET                                        (read)
-#   medium   POST                                       (external write)
-#   high     POST whose step id names a destructive verb (medium + 1)
-#   critical DELETE                                     (high, + 1 for the destructive verb itself)
-RISK_STEPS = {
-    "low": ("fetch", "GET"),
-    "medium": ("create_item", "POST"),
-    "high": ("remove_item", "POST"),
-    "critical": ("erase", "DELETE"),
-}
+# Steps of each risk (approvals.policy.step_risk), by whole tokens only (a step id is a label):
+#   low      GET to url                               (a read)
+#   medium   POST to url                              (an external write); at A2 it needs approval
+#   high     run_python granted the network, POSTing to url (network from a sandbox: at least high;
+#            it runs only where bubblewrap works and AUTOPLANE_SANDBOX_ALLOW_NETWORK is on)
+#   critical DELETE to url                            (http_request: DELETE is high; a destructive method: + 1)
+RISK_STEPS = {"low": ("fetch", "GET"), "medium": ("create_item", "POST"), "critical": ("erase", "DELETE")}
 
 
 def risk_step(risk: str, url: str) -> dict:
+    if risk == "high":
+        code = ("import urllib.request\n"
+                f"urllib.request.urlopen(urllib.request.Request({url!r}, data=b'{{}}', method='POST'), timeout=10)")  # fmt: skip
+        return {
+            "step_id": "post_from_code",
+            "action": "run_python",
+            "config": {"code": code, "network": "allow"},
+        }
     step_id, method = RISK_STEPS[risk]
     return http_step(step_id, url, method)
 

@@ -32,7 +32,9 @@ def test_an_admin_reads_and_patches_the_workspace_audited(api, workspace):
 
 
 def test_a_bad_allowlist_is_a_located_400_and_changes_nothing(api, workspace):
-    response = api.patch("/api/v1/workspaces/acme", {"egress_allowlist": ["ok.example", "no spaces"]}, format="json")
+    response = api.patch(
+        "/api/v1/workspaces/acme", {"egress_allowlist": ["ok.example", "no spaces"]}, format="json"
+    )
 
     assert response.status_code == 400
     assert response.json()["errors"][0]["path"] == "/egress_allowlist/1"
@@ -43,8 +45,12 @@ def test_a_bad_allowlist_is_a_located_400_and_changes_nothing(api, workspace):
 def test_members_are_set_and_removed_by_an_admin(api, workspace, viewer):
     get_user_model().objects.create_user("newbie")
 
-    added = api.post("/api/v1/workspaces/acme/members", {"username": "newbie", "role": "approver"}, format="json")
-    changed = api.post("/api/v1/workspaces/acme/members", {"username": "viewer", "role": "operator"}, format="json")
+    added = api.post(
+        "/api/v1/workspaces/acme/members", {"username": "newbie", "role": "approver"}, format="json"
+    )
+    changed = api.post(
+        "/api/v1/workspaces/acme/members", {"username": "viewer", "role": "operator"}, format="json"
+    )
     removed = api.delete("/api/v1/workspaces/acme/members", {"username": "newbie"}, format="json")
     listing = api.get("/api/v1/workspaces/acme/members").json()
 

@@ -31,7 +31,7 @@ def _staff(user, *perms: str):
 @pytest.fixture
 def parked(drive, target, path_for):
     path = path_for("admin")
-    run = drive.start(drive.automation(definition(risk_step("high", target.url(path)))))
+    run = drive.start(drive.automation(definition(risk_step("medium", target.url(path)), autonomy="A2")))
     return SimpleNamespace(run=run, path=path, approval=drive.approval(run))
 
 
@@ -47,7 +47,7 @@ def test_changelist_shows_the_pending_count(alice, parked):
     assert response.status_code == 200
     body = response.content.decode()
     assert "Approvals — 1 pending" in body
-    assert "remove_item" in body
+    assert "create_item" in body
     assert "user:operator" in body
 
 
@@ -112,7 +112,9 @@ def test_list_actions_approve_and_deny_with_an_intermediate_reason_form(
     drive, alice, target, path_for, parked
 ):
     other = drive.start(
-        drive.automation(definition(risk_step("high", target.url(path_for("admin-2"))), name="b"))
+        drive.automation(
+            definition(risk_step("medium", target.url(path_for("admin-2"))), name="b", autonomy="A2")
+        )
     )
     other_approval = drive.approval(other)
     changelist = reverse("admin:approvals_approval_changelist")
@@ -135,7 +137,7 @@ def test_list_actions_approve_and_deny_with_an_intermediate_reason_form(
 
 def test_admin_enforces_four_eyes_and_roles(drive, people, target, path_for):
     Workspace.objects.filter(pk=people.workspace.pk).update(four_eyes=True)
-    run = drive.start(drive.automation(definition(risk_step("high", target.url(path_for("admin-4e"))))),
+    run = drive.start(drive.automation(definition(risk_step("medium", target.url(path_for("admin-4e"))), autonomy="A2")),
                       user=people.owner)  # fmt: skip
     approval = drive.approval(run)
     owner = _staff(people.owner, "view_approval")
@@ -149,7 +151,9 @@ def test_admin_enforces_four_eyes_and_roles(drive, people, target, path_for):
 
 
 def test_standing_approval_admin_creates_a_signed_row(drive, people, alice, target, path_for):
-    automation = drive.automation(definition(risk_step("high", target.url(path_for("admin-standing")))))
+    automation = drive.automation(
+        definition(risk_step("medium", target.url(path_for("admin-standing"))), autonomy="A2")
+    )
     expires = timezone.now() + timedelta(days=1)
 
     response = alice.post(reverse("admin:approvals_standingapproval_add"), {
@@ -166,7 +170,9 @@ def test_standing_approval_admin_creates_a_signed_row(drive, people, alice, targ
 
 
 def test_standing_approval_admin_refuses_invalid_bounds(people, alice, drive, target, path_for):
-    automation = drive.automation(definition(risk_step("high", target.url(path_for("admin-standing-bad")))))
+    automation = drive.automation(
+        definition(risk_step("medium", target.url(path_for("admin-standing-bad"))), autonomy="A2")
+    )
     expires = timezone.now() + timedelta(days=1)
 
     response = alice.post(reverse("admin:approvals_standingapproval_add"), {

@@ -30,7 +30,7 @@ def _staff(user) -> Client:
 @pytest.fixture
 def parked(drive, target, path_for):
     path = path_for("console")
-    run = drive.start(drive.automation(definition(risk_step("high", target.url(path)))))
+    run = drive.start(drive.automation(definition(risk_step("medium", target.url(path)), autonomy="A2")))
     return SimpleNamespace(run=run, url=target.url(path), approval=drive.approval(run))
 
 

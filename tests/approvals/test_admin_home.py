@@ -33,7 +33,9 @@ def _row(label: str, count: int, url: str) -> str:
 @pytest.fixture
 def busy(drive, target, path_for):
     """One pending approval, two failed runs and one needing attention today, one failed run of last week."""
-    run = drive.start(drive.automation(definition(risk_step("high", target.url(path_for("home"))))))
+    run = drive.start(
+        drive.automation(definition(risk_step("medium", target.url(path_for("home"))), autonomy="A2"))
+    )
     drive.approval(run)
 
     def copy(status, **extra):

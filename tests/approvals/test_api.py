@@ -23,7 +23,7 @@ def _client(user) -> APIClient:
 @pytest.fixture
 def parked(drive, target, path_for):
     path = path_for("api")
-    run = drive.start(drive.automation(definition(risk_step("high", target.url(path)))))
+    run = drive.start(drive.automation(definition(risk_step("medium", target.url(path)), autonomy="A2")))
     return SimpleNamespace(run=run, path=path, approval=drive.approval(run))
 
 
@@ -37,9 +37,9 @@ def test_pending_list_is_scoped_and_shaped(people, parked):
     item = body["results"][0]
     assert item["id"] == str(parked.approval.pk)
     assert item["run_id"] == str(parked.run.pk)
-    assert item["step_id"] == "remove_item"
+    assert item["step_id"] == "create_item"
     assert item["status"] == "pending"
-    assert item["risk"] == "high"
+    assert item["risk"] == "medium"
     assert item["what"] == parked.approval.what
     assert item["why"] == parked.approval.why
     assert item["requested_by"] == "user:operator"
@@ -121,7 +121,8 @@ def test_members_without_the_approver_role_get_403(people, parked, who):
 def test_four_eyes_triggering_user_gets_403(drive, people, target, path_for):
     Workspace.objects.filter(pk=people.workspace.pk).update(four_eyes=True)
     run = drive.start(
-        drive.automation(definition(risk_step("high", target.url(path_for("4e"))))), user=people.owner
+        drive.automation(definition(risk_step("medium", target.url(path_for("4e"))), autonomy="A2")),
+        user=people.owner,
     )
 
     response = _client(people.owner).post(
@@ -159,7 +160,7 @@ def test_link_endpoint_refuses_non_approvers(people, parked):
 
 def test_standing_approvals_create_list_revoke(drive, people, target, path_for):
     path = path_for("standing-api")
-    automation = drive.automation(definition(risk_step("high", target.url(path))))
+    automation = drive.automation(definition(risk_step("medium", target.url(path)), autonomy="A2"))
     client = _client(people.alice)
 
     created = client.post("/api/v1/standing-approvals", {

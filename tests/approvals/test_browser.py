@@ -70,7 +70,9 @@ def test_approver_approves_in_the_admin_and_the_run_completes(
     approver.save(update_fields=["is_staff"])
     approver.user_permissions.add(AuthPermission.objects.get(codename="view_approval"))
     path = path_for("browser")
-    automation = drive.automation(definition(risk_step("high", target.url(path)), name="nightly-cleanup"))
+    automation = drive.automation(
+        definition(risk_step("medium", target.url(path)), name="nightly-cleanup", autonomy="A2")
+    )
 
     from automations.services import run_create
 

@@ -21,7 +21,9 @@ from workspaces.models import Workspace
 def parked(drive, target, path_for):
     path, cleanup = path_for("decide"), path_for("cleanup")
     doc = definition(
-        risk_step("high", target.url(path)), on_failure=[http_step("cleanup", target.url(cleanup))]
+        risk_step("medium", target.url(path)),
+        on_failure=[http_step("cleanup", target.url(cleanup))],
+        autonomy="A2",
     )
     run = drive.start(drive.automation(doc))
     assert run.status == "awaiting_approval"
@@ -59,7 +61,7 @@ def test_deny_fails_the_step_with_approval_denied_and_runs_on_failure(drive, peo
 
     assert run.status == "failed"
     assert run.error["code"] == "APPROVAL_DENIED"
-    assert drive.step(run, "remove_item").error_code == "APPROVAL_DENIED"
+    assert drive.step(run, "create_item").error_code == "APPROVAL_DENIED"
     assert drive.step(run, "cleanup", phase="on_failure").status == "succeeded"
     assert target.count(parked.path) == 0
     assert target.count(parked.cleanup) == 1
@@ -93,7 +95,9 @@ def test_a_decided_approval_cannot_be_decided_again(drive, people, parked):
 def test_quorum_of_two_needs_two_distinct_approvers(drive, people, target, path_for):
     path = path_for("quorum")
     run = drive.start(
-        drive.automation(definition(risk_step("high", target.url(path)) | {"approvals_required": 2}))
+        drive.automation(
+            definition(risk_step("medium", target.url(path)) | {"approvals_required": 2}, autonomy="A2")
+        )
     )
     approval = drive.approval(run)
     assert approval.approvals_required == 2
@@ -117,7 +121,9 @@ def test_quorum_of_two_needs_two_distinct_approvers(drive, people, target, path_
 def test_quorum_one_deny_ends_it(drive, people, target, path_for):
     path = path_for("quorum-deny")
     run = drive.start(
-        drive.automation(definition(risk_step("high", target.url(path)) | {"approvals_required": 2}))
+        drive.automation(
+            definition(risk_step("medium", target.url(path)) | {"approvals_required": 2}, autonomy="A2")
+        )
     )
     approval = drive.approval(run)
 
@@ -151,7 +157,9 @@ def four_eyes(people):
 def test_four_eyes_the_triggering_user_cannot_approve(drive, people, target, path_for, four_eyes):
     path = path_for("four-eyes")
     # Owen administers the workspace (may approve in general) and starts the run himself.
-    run = drive.start(drive.automation(definition(risk_step("high", target.url(path)))), user=people.owner)
+    run = drive.start(
+        drive.automation(definition(risk_step("medium", target.url(path)), autonomy="A2")), user=people.owner
+    )
     approval = drive.approval(run)
     assert approval.requested_by == "user:owner"
 
@@ -168,7 +176,7 @@ def test_four_eyes_the_last_editor_cannot_approve(drive, people, target, path_fo
     from automations.services import automation_update
 
     automation = drive.automation(
-        definition(risk_step("high", target.url(path_for("editor")))), user=people.owner
+        definition(risk_step("medium", target.url(path_for("editor"))), autonomy="A2"), user=people.owner
     )
     automation = automation_update(automation=automation, user=people.alice,
                                    definition={**automation.definition, "goal": "edited by alice"})  # fmt: skip
@@ -182,7 +190,8 @@ def test_four_eyes_the_last_editor_cannot_approve(drive, people, target, path_fo
 
 def test_without_four_eyes_the_triggering_approver_may_approve(drive, people, target, path_for):
     run = drive.start(
-        drive.automation(definition(risk_step("high", target.url(path_for("self"))))), user=people.owner
+        drive.automation(definition(risk_step("medium", target.url(path_for("self"))), autonomy="A2")),
+        user=people.owner,
     )
 
     assert drive.decide(drive.approval(run), people.owner).status == ApprovalStatus.APPROVED
@@ -249,7 +258,7 @@ def test_one_click_link_shows_the_payload_and_approves_once(drive, people, targe
     assert page.status_code == 200
     body = page.content.decode()
     assert target.url(parked.path) in body
-    assert "remove_item" in body
+    assert "create_item" in body
     assert 'id="confirm"' in body
 
     token = page.cookies["csrftoken"].value
@@ -290,7 +299,8 @@ def test_tampered_or_expired_link_is_refused(people, parked, monkeypatch):
 
 def test_one_click_link_respects_four_eyes(drive, people, target, path_for, four_eyes):
     run = drive.start(
-        drive.automation(definition(risk_step("high", target.url(path_for("link"))))), user=people.owner
+        drive.automation(definition(risk_step("medium", target.url(path_for("link"))), autonomy="A2")),
+        user=people.owner,
     )
     url = approval_link_create(approval=drive.approval(run), user=people.owner)
     browser = Client(enforce_csrf_checks=True)

@@ -33,7 +33,7 @@ def _assert_refused(drive, run, target, path, code="POLICY_VIOLATION"):
 def parked(drive, target, path_for):
     """A run waiting for approval of one high-risk step."""
     path = path_for("forgery")
-    run = drive.start(drive.automation(definition(risk_step("high", target.url(path)))))
+    run = drive.start(drive.automation(definition(risk_step("medium", target.url(path)), autonomy="A2")))
     assert run.status == "awaiting_approval"
     return SimpleNamespace(run=run, path=path, approval=drive.approval(run))
 
@@ -82,7 +82,9 @@ def test_token_from_a_key_the_platform_never_had_does_not_run(drive, people, tar
 def test_token_copied_to_another_steps_approval_does_not_run(drive, people, target, path_for):
     first, second = path_for("first"), path_for("second")
     doc = definition(
-        http_step("remove_a", target.url(first), "POST"), http_step("remove_b", target.url(second), "POST")
+        http_step("remove_a", target.url(first), "POST"),
+        http_step("remove_b", target.url(second), "POST"),
+        autonomy="A2",
     )
     run = drive.start(drive.automation(doc))
     token_a = drive.decide(drive.approval(run), people.alice).token
@@ -102,7 +104,7 @@ def test_token_copied_to_another_steps_approval_does_not_run(drive, people, targ
 
 def test_token_copied_to_another_runs_approval_does_not_run(drive, people, target, path_for):
     path = path_for("two-runs")
-    automation = drive.automation(definition(risk_step("high", target.url(path))))
+    automation = drive.automation(definition(risk_step("medium", target.url(path)), autonomy="A2"))
     run_1, run_2 = drive.start(automation), drive.start(automation)
     token_1 = drive.decide(drive.approval(run_1), people.alice).token
 
@@ -178,11 +180,12 @@ def test_config_changed_after_approval_asks_again_and_does_not_run(drive, people
     approved_path, other_path = path_for("approved"), path_for("swapped")
     doc = definition(
         {
-            "step_id": "remove_item",
+            "step_id": "create_item",
             "action": "http_request",
             "config": {"method": "POST", "url": "{{ inputs.url }}"},
         },
         inputs_schema={"type": "object", "properties": {"url": {"type": "string"}}},
+        autonomy="A2",
     )
     run = drive.start(drive.automation(doc), inputs={"url": target.url(approved_path)})
     old = drive.decide(drive.approval(run), people.alice)
@@ -208,11 +211,12 @@ def test_config_changed_and_plan_hash_forged_on_the_row_is_refused_by_the_token(
     approved_path, other_path = path_for("approved"), path_for("swapped")
     doc = definition(
         {
-            "step_id": "remove_item",
+            "step_id": "create_item",
             "action": "http_request",
             "config": {"method": "POST", "url": "{{ inputs.url }}"},
         },
         inputs_schema={"type": "object", "properties": {"url": {"type": "string"}}},
+        autonomy="A2",
     )
     run = drive.start(drive.automation(doc), inputs={"url": target.url(approved_path)})
     approval = drive.decide(drive.approval(run), people.alice)

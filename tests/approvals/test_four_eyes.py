@@ -45,7 +45,7 @@ def executed(run_id) -> Run:
 
 
 def gated(target, path_for, **extra) -> dict:
-    return definition(risk_step("high", target.url(path_for("four-eyes"))), **extra)
+    return definition(risk_step("medium", target.url(path_for("four-eyes"))), **extra, autonomy="A2")
 
 
 def test_the_admin_who_fired_a_webhook_cannot_approve_its_run(drive, people, target, path_for, four_eyes):

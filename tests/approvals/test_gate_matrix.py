@@ -5,6 +5,8 @@ The side effect is a request to a local HTTP server; each case has its own path.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from approvals import policy
@@ -12,6 +14,7 @@ from approvals.models import Approval, ApprovalStatus
 from automations.models import DomainEvent
 from capabilities import registry
 from capabilities.base import Risk
+from capabilities.sandbox import BubblewrapBackend
 from tests.factories import audit_types, definition, risk_step
 
 LEVELS = ["A0", "A1", "A2", "A3", "A4"]
@@ -32,55 +35,62 @@ def test_risk_steps_have_the_risk_they_are_named_for():
     for risk in RISKS:
         step = risk_step(risk, "http://127.0.0.1/x")
         action = registry.get_action(step["action"])
-        computed, _ = policy.step_risk(
-            describe_step(step), action.risk_inputs(step["config"]), step_id=step["step_id"]
-        )
+        computed, _ = policy.step_risk(describe_step(step), action.risk_inputs(step["config"]),
+                                       recipients=len(action.notifies(step["config"])))  # fmt: skip
         assert computed == Risk.parse(risk), risk
 
 
 @pytest.mark.parametrize("risk", RISKS)
 @pytest.mark.parametrize("autonomy", LEVELS)
-def test_gate_matrix_end_to_end(drive, target, path_for, autonomy, risk):
+def test_gate_matrix_end_to_end(drive, target, path_for, autonomy, risk, settings):
     expected = EXPECTED[autonomy][RISKS.index(risk)]
+    if risk == "high" and expected == "allow":  # the high step (code with the network) runs
+        if not BubblewrapBackend().available():
+            pytest.skip("bubblewrap cannot start a sandbox here")
+        settings.AUTOPLANE_SANDBOX_ALLOW_NETWORK = True
     path = path_for(f"{autonomy}-{risk}")
     step_id = risk_step(risk, "")["step_id"]
     automation = drive.automation(definition(risk_step(risk, target.url(path)), autonomy=autonomy))
 
     run = drive.start(automation)
 
+    def performed() -> int:
+        return target.count(path)
+
     step = drive.step(run, step_id)
     approvals = Approval.objects.filter(run_id=run.pk)
     if expected == "allow":
         assert run.status == "succeeded", run.error
         assert step.status == "succeeded"
-        assert target.count(path) == 1
+        assert performed() == 1
         assert not approvals.exists()
     elif expected == "confirm":
         assert run.status == "awaiting_approval"
         assert step.status == "awaiting_approval"
-        assert target.count(path) == 0
+        assert performed() == 0
         approval = approvals.get()
         assert approval.status == ApprovalStatus.PENDING
         assert approval.risk == risk
-        assert approval.what == {"method": RISK_METHOD[risk], "url": target.url(path)}
+        if risk != "high":
+            assert approval.what == {"method": RISK_METHOD[risk], "url": target.url(path)}
         assert approval.step_id == step_id
         assert "gate.required" in audit_types(run.trace_id)
     elif expected == "preview":
         assert run.status == "succeeded", run.error
         assert step.status == "succeeded"
         assert step.output["data"]["preview"] is True
-        assert step.output["data"]["rendered_config"]["url"] == target.url(path)
-        assert target.count(path) == 0
+        assert target.url(path) in json.dumps(step.output["data"]["rendered_config"])
+        assert performed() == 0
         assert not approvals.exists()
     else:
         assert run.status == "failed"
         assert run.error["code"] == "POLICY_VIOLATION"
         assert step.error_code == "POLICY_VIOLATION"
-        assert target.count(path) == 0
+        assert performed() == 0
         assert not approvals.exists()
 
 
-RISK_METHOD = {"low": "GET", "medium": "POST", "high": "POST", "critical": "DELETE"}
+RISK_METHOD = {"low": "GET", "medium": "POST", "critical": "DELETE"}
 
 
 def test_confirmed_step_runs_after_approval(drive, people, target, path_for):
@@ -120,7 +130,9 @@ def test_require_approval_gates_even_at_a4(drive, people, target, path_for):
 
 
 def test_new_pending_approval_publishes_approval_requested(drive, target, path_for):
-    automation = drive.automation(definition(risk_step("high", target.url(path_for("event"))), autonomy="A3"))
+    automation = drive.automation(
+        definition(risk_step("medium", target.url(path_for("event"))), autonomy="A2")
+    )
 
     run = drive.start(automation)
 
@@ -134,8 +146,8 @@ def test_new_pending_approval_publishes_approval_requested(drive, target, path_f
     assert event.payload["run_id"] == str(run.pk)
     assert event.payload["automation_id"] == str(automation.pk)
     assert event.payload["automation_name"] == automation.name
-    assert event.payload["step_id"] == "remove_item"
-    assert event.payload["risk"] == "high"
+    assert event.payload["step_id"] == "create_item"
+    assert event.payload["risk"] == "medium"
     assert event.payload["why"] == approval.why
     assert event.payload["expires_at"] == approval.expires_at.isoformat()
 
@@ -144,7 +156,9 @@ def test_asking_again_for_a_pending_step_publishes_nothing_new(drive, target, pa
     from automations.executor import execute_run
     from automations.models import Run
 
-    run = drive.start(drive.automation(definition(risk_step("high", target.url(path_for("again"))))))
+    run = drive.start(
+        drive.automation(definition(risk_step("medium", target.url(path_for("again"))), autonomy="A2"))
+    )
     # A redelivered message finds the run parked: the claim refuses it, nothing is asked twice.
     execute_run(str(run.pk))
     # Even forced back through the gate, the existing approval is reused.

@@ -51,7 +51,9 @@ def race(*calls: Callable[[], Any]) -> list[Any]:
 
 
 def _parked(drive, target, path: str, **step_extra):
-    run = drive.start(drive.automation(definition(risk_step("high", target.url(path)) | step_extra)))
+    run = drive.start(
+        drive.automation(definition(risk_step("medium", target.url(path)) | step_extra, autonomy="A2"))
+    )
     assert run.status == "awaiting_approval"
     return run, drive.approval(run)
 
@@ -116,7 +118,7 @@ def test_two_gate_checks_of_one_approved_token_approve_once(drive, people, targe
 
 def test_concurrent_runs_cannot_overspend_a_standing_approval(drive, people, target, path_for):
     path = path_for("standing-race")
-    automation = drive.automation(definition(risk_step("high", target.url(path))))
+    automation = drive.automation(definition(risk_step("medium", target.url(path)), autonomy="A2"))
     standing_approval_create(workspace=people.workspace, automation_id=automation.pk,
                              capability_id="http_request", max_uses=1, user=people.alice,
                              expires_at=timezone.now() + timedelta(hours=1))  # fmt: skip

@@ -13,27 +13,27 @@ from capabilities.base import Capability, Risk, RiskInputs, SideEffect
 
 def risk_of(step: dict) -> tuple[Risk, list[str]]:
     """What the engine computes for a step (automations.steps.risk_for)."""
-    return risk_for(step["step_id"], registry.get_action(step["action"]), step["config"], describe_step(step))
+    return risk_for(registry.get_action(step["action"]), step["config"], describe_step(step))
 
 
 @pytest.mark.parametrize(
-    "step_id", ["dropdown_options", "removed_count", "cache_wiped", "erased_rows", "drops"]
+    "step_id",
+    [
+        "dropdown_options",
+        "removed_count",
+        "cache_wiped",
+        "erased_rows",
+        "drops",
+        "wipe_cache",
+        "delete_user",
+        "drop_table",
+        "remove_item",
+    ],
 )
-def test_a_step_id_that_merely_contains_a_destructive_word_raises_nothing(step_id):
+def test_a_step_id_raises_nothing_whatever_it_says(step_id):
     step = {"step_id": step_id, "action": "transform_data", "config": {"value": "{{ inputs }}"}}
 
     assert risk_of(step) == (Risk.LOW, [])
-
-
-def test_a_step_id_naming_a_destructive_verb_as_a_whole_word_still_raises_and_says_so():
-    # Transitional (issue 10): step ids are meant to be labels only; until the approval
-    # suite's high-risk example is rebuilt on a token, a whole-word verb in the id raises.
-    step = {"step_id": "wipe_cache", "action": "transform_data", "config": {"value": "{{ inputs }}"}}
-
-    assert risk_of(step) == (
-        Risk.MEDIUM,
-        ["step wipe_cache names a destructive verb (wipe): risk low → medium"],
-    )
 
 
 @pytest.mark.parametrize(

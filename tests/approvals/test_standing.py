@@ -18,7 +18,7 @@ from tests.factories import definition, risk_step
 @pytest.fixture
 def setup(drive, people, target, path_for):
     path = path_for("standing")
-    automation = drive.automation(definition(risk_step("high", target.url(path))))
+    automation = drive.automation(definition(risk_step("medium", target.url(path)), autonomy="A2"))
 
     def grant(**overrides):
         fields = dict(workspace=people.workspace, automation_id=automation.pk, capability_id="http_request",
@@ -79,7 +79,7 @@ def test_arg_constraint_violated_asks(drive, target, path_for, people, setup):
 def test_other_automation_or_capability_is_not_covered(drive, target, path_for, setup):
     setup.grant(capability_id="send_email")
     other = drive.automation(
-        definition(risk_step("high", target.url(path_for("standing-other"))), name="other")
+        definition(risk_step("medium", target.url(path_for("standing-other"))), name="other", autonomy="A2")
     )
 
     assert drive.start(setup.automation).status == "awaiting_approval"
@@ -153,7 +153,7 @@ def test_creating_a_standing_approval_checks_its_bounds(people, setup, overrides
 def test_standing_approval_for_call_capability_constrains_args_under_what(drive, people, target, path_for):
     """``arg_constraint`` applies to the whole rendered config; for http_request that is method/url/…"""
     path = path_for("standing-post")
-    automation = drive.automation(definition(risk_step("high", target.url(path))))
+    automation = drive.automation(definition(risk_step("medium", target.url(path)), autonomy="A2"))
     standing_approval_create(
         workspace=people.workspace, automation_id=automation.pk, capability_id="http_request", max_uses=1,
         expires_at=timezone.now() + timedelta(hours=1), user=people.alice,
