@@ -23,9 +23,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from . import signing
-from .models import AuditChainHead, AuditCheckpoint
+from .models import AuditChainHead, AuditCheckpoint, AuditEvent
 
 CHECKPOINT_KIND = "autoplane.audit.checkpoint.v1"
+# Truncation anchors (audit.anchors): events of this type carry a signed statement of this kind.
+ANCHOR_TYPE = "audit.anchor"
+ANCHOR_KIND = "autoplane.audit.anchor.v1"
+_ANCHOR_SIGNED = ("chain", "created_at", "kind", "prev_hash", "seq")
 
 
 def checkpoint_bytes(*, chain: str, seq: int, head_hash: str, created_at: datetime | str) -> bytes:
@@ -88,3 +92,31 @@ def checkpoint_write(chain: str | None = None) -> list[AuditCheckpoint]:
             )
         )
     return written
+
+
+def anchor_bytes(statement: dict) -> bytes:
+    """The signed bytes of a truncation anchor ("chain C continues from seq N with prev_hash H")."""
+    signed = {name: statement.get(name) for name in _ANCHOR_SIGNED}
+    signed["kind"] = ANCHOR_KIND
+    return json.dumps(signed, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def anchor_signature_valid(payload: object, chain: str) -> bool:
+    """An anchor event's payload is a well-formed statement about ``chain`` signed by a known key."""
+    if not isinstance(payload, dict) or payload.get("kind") != ANCHOR_KIND or payload.get("chain") != chain:
+        return False
+    seq = payload.get("seq")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 2:
+        return False
+    if not isinstance(payload.get("prev_hash"), str) or not isinstance(payload.get("created_at"), str):
+        return False
+    return signing.verify(
+        str(payload.get("key_id", "")), anchor_bytes(payload), str(payload.get("signature", ""))
+    )
+
+
+def newest_anchor(chain: str) -> AuditEvent | None:
+    """The chain's newest sequenced anchor event: where verification and export start the chain."""
+    return (
+        AuditEvent.objects.filter(chain=chain, type=ANCHOR_TYPE, seq__isnull=False).order_by("-seq").first()
+    )

@@ -9,6 +9,11 @@ Then, per chain, its checkpoints followed by its events in seq order::
     {"kind": "event", "id": 1, "hash": "...", <every hashed field; timestamp as ISO 8601>}
 
 Each line is canonical JSON (sorted keys, no whitespace, UTF-8).
+
+A truncated chain starts at its newest truncation anchor (an event of type
+``audit.anchor``, exported like any other): its events begin at the anchor's
+seq, and the checkpoints below it are kept for their signatures. ``below_seq``
+exports only a chain's prefix below that seq (what truncation archives).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import TextIO
 from django.utils import timezone
 
 from . import signing
-from .checkpoints import CHECKPOINT_KIND
+from .checkpoints import ANCHOR_KIND, ANCHOR_TYPE, CHECKPOINT_KIND, newest_anchor
 from .models import AuditCheckpoint, AuditEvent
 from .verify import all_chains
 from .writer import GENESIS_HASH, HASHED_FIELDS, canonical_json, format_timestamp
@@ -35,7 +40,16 @@ class ExportCounts:
     checkpoints: int = 0
 
 
-def export_jsonl(out: TextIO, chains: Iterable[str] | None = None) -> ExportCounts:
+def chain_start(chain: str) -> int:
+    """The seq a chain starts at: its newest anchor's, or 1 (the anchor's signature is the verifier's business)."""
+    anchor = newest_anchor(chain)
+    seq = anchor.payload.get("seq") if anchor is not None and isinstance(anchor.payload, dict) else None
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq > 1 else 1
+
+
+def export_jsonl(
+    out: TextIO, chains: Iterable[str] | None = None, *, below_seq: int | None = None
+) -> ExportCounts:
     chain_list = all_chains() if chains is None else sorted(set(chains))
     header = {
         "kind": "header",
@@ -46,6 +60,8 @@ def export_jsonl(out: TextIO, chains: Iterable[str] | None = None) -> ExportCoun
         "hashed_fields": list(HASHED_FIELDS),
         "genesis_hash": GENESIS_HASH,
         "checkpoint_kind": CHECKPOINT_KIND,
+        "anchor_type": ANCHOR_TYPE,
+        "anchor_kind": ANCHOR_KIND,
         "public_keys": [
             {
                 "key_id": k["key_id"],
@@ -60,7 +76,10 @@ def export_jsonl(out: TextIO, chains: Iterable[str] | None = None) -> ExportCoun
     counts = ExportCounts(chains=len(chain_list))
     for chain in chain_list:
         # Checkpoints first: every event they name was committed before the events query below runs.
-        for cp in AuditCheckpoint.objects.filter(chain=chain).order_by("seq", "id").iterator():
+        checkpoints = AuditCheckpoint.objects.filter(chain=chain)
+        if below_seq is not None:
+            checkpoints = checkpoints.filter(seq__lt=below_seq)
+        for cp in checkpoints.order_by("seq", "id").iterator():
             line = {
                 "kind": "checkpoint",
                 "id": cp.id,
@@ -73,11 +92,10 @@ def export_jsonl(out: TextIO, chains: Iterable[str] | None = None) -> ExportCoun
             }
             out.write(canonical_json(line) + "\n")
             counts.checkpoints += 1
-        rows = (
-            AuditEvent.objects.filter(chain=chain, seq__isnull=False)
-            .order_by("seq")
-            .values_list("id", "hash", *HASHED_FIELDS)
-        )
+        rows = AuditEvent.objects.filter(chain=chain, seq__gte=chain_start(chain))
+        if below_seq is not None:
+            rows = rows.filter(seq__lt=below_seq)
+        rows = rows.order_by("seq").values_list("id", "hash", *HASHED_FIELDS)
         for row in rows.iterator(chunk_size=2000):
             line = {
                 "kind": "event",

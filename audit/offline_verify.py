@@ -15,6 +15,14 @@ header are trusted; pass ``--trusted-key`` (PEM files, or fetch them from
 ``GET /api/v1/keys``) to trust only keys obtained elsewhere, which is what
 makes a rewritten export fail.
 
+A truncated chain starts at its newest truncation anchor: an event of type
+``audit.anchor`` whose payload is a signed statement "chain C continues from
+seq N with prev_hash H". The anchor's signature must be valid, a signed
+checkpoint at seq N - 1 must name H, and the chain is walked from seq N
+expecting prev_hash H. An archived prefix (what truncation exported) is checked
+against the anchor that replaced it with ``--continued-by ANCHOR.json`` (the
+anchor event's payload, e.g. from ``GET /api/v1/audit?type=audit.anchor``).
+
 This file deliberately duplicates the hashing rules of ``audit/writer.py`` and
 ``audit/checkpoints.py`` so it can be copied alone; the test suite checks that
 the two agree.
@@ -41,6 +49,8 @@ HASHED_FIELDS = (
     "outcome", "workspace_id", "refs", "actor", "payload", "prev_hash",
 )  # fmt: skip
 CHECKPOINT_KIND = "autoplane.audit.checkpoint.v1"
+ANCHOR_TYPE = "audit.anchor"
+ANCHOR_KIND = "autoplane.audit.anchor.v1"
 
 
 def canonical_json(value: object) -> str:
@@ -63,6 +73,12 @@ def checkpoint_bytes(cp: dict) -> bytes:
     return canonical_json(statement).encode()
 
 
+def anchor_bytes(statement: dict) -> bytes:
+    signed = {name: statement.get(name) for name in ("chain", "created_at", "prev_hash", "seq")}
+    signed["kind"] = ANCHOR_KIND
+    return canonical_json(signed).encode()
+
+
 def key_id_for(public_key: Ed25519PublicKey) -> str:
     raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return hashlib.sha256(raw).hexdigest()[:16]
@@ -81,6 +97,7 @@ class _Chain:
     checkpoints: dict[int, list[dict]] = field(default_factory=dict)  # seq -> checkpoints at that seq
     next_seq: int = 1
     prev_hash: str = GENESIS_HASH
+    anchor: dict | None = None  # the newest anchor event seen
 
 
 @dataclass
@@ -88,6 +105,8 @@ class Report:
     events: int = 0
     checkpoints: int = 0
     chains: int = 0
+    ends: dict[str, tuple[int, str]] = field(default_factory=dict)  # chain -> (last seq, last hash)
+    keys: dict[str, Ed25519PublicKey] = field(default_factory=dict)  # the keys signatures were checked with
 
 
 def _lines(path: str):
@@ -160,8 +179,15 @@ def verify_export(path: str, trusted: dict[str, Ed25519PublicKey] | None = None)
                 ) from None
             chain = chains.setdefault(record["chain"], _Chain())
             chain.checkpoints.setdefault(int(record["seq"]), []).append(record)
+        elif record["kind"] == "event" and record.get("type") == ANCHOR_TYPE:
+            chain = chains.setdefault(record.get("chain"), _Chain())
+            if chain.anchor is None or record.get("seq", 0) > chain.anchor.get("seq", 0):
+                chain.anchor = {**record, "line": number}
     if not seen_header:
         raise Broken("no header line: not an autoplane audit export")
+    for name, chain in chains.items():
+        if chain.anchor is not None:
+            _start_at_anchor(name, chain, keys or {})
 
     # Pass 2: events, in seq order per chain.
     for number, record in _lines(path):
@@ -174,6 +200,8 @@ def verify_export(path: str, trusted: dict[str, Ed25519PublicKey] | None = None)
             raise Broken(f"line {number}: event record lacks hashed fields") from None
         where = f"chain {name}, event id {record.get('id')} (seq {seq}, line {number})"
         chain = chains.setdefault(name, _Chain())
+        if chain.anchor is not None and isinstance(seq, int) and seq < chain.anchor["payload"]["seq"]:
+            continue  # below the anchor: not part of the chain any more
         if seq != chain.next_seq:
             raise Broken(f"{where}: seq gap: expected seq {chain.next_seq}, found {seq}")
         if computed != stored:
@@ -194,8 +222,55 @@ def verify_export(path: str, trusted: dict[str, Ed25519PublicKey] | None = None)
                 f"chain {name}: chain no longer reaches checkpoint #{cp.get('id')}: it was signed at seq "
                 f"{cp['seq']} but the chain ends at seq {chain.next_seq - 1} (tail truncated)"
             )
+        report.ends[name] = (chain.next_seq - 1, chain.prev_hash)
     report.chains = len(chains)
+    report.keys = keys or {}
     return report
+
+
+def _start_at_anchor(name: str, chain: _Chain, keys: dict[str, Ed25519PublicKey]) -> None:
+    anchor = chain.anchor
+    where = f"chain {name}: truncation anchor (event id {anchor.get('id')}, line {anchor['line']})"
+    payload = anchor.get("payload")
+    if not isinstance(payload, dict) or payload.get("kind") != ANCHOR_KIND or payload.get("chain") != name:
+        raise Broken(f"{where} is malformed")
+    seq, prev_hash = payload.get("seq"), payload.get("prev_hash")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 2 or not isinstance(prev_hash, str):
+        raise Broken(f"{where} is malformed")
+    key = keys.get(payload.get("key_id"))
+    try:
+        if key is None:
+            raise InvalidSignature
+        key.verify(_b64url_decode(str(payload.get("signature", ""))), anchor_bytes(payload))
+    except (InvalidSignature, ValueError, binascii.Error):
+        raise Broken(f"{where} has an invalid signature or an untrusted key (forged or edited)") from None
+    if not any(cp["head_hash"] == prev_hash for cp in chain.checkpoints.get(seq - 1, [])):
+        raise Broken(f"{where} is not backed by a signed checkpoint at seq {seq - 1} with its prev_hash")
+    chain.next_seq, chain.prev_hash = seq, prev_hash
+    # The checkpoints below the anchor were checked for their signatures; their events are archived elsewhere.
+    for below in [s for s in chain.checkpoints if s < seq]:
+        del chain.checkpoints[below]
+
+
+def verify_continued_by(report: Report, anchor: dict) -> None:
+    """The verified export ``report`` is the prefix that ``anchor`` (an anchor event's payload) replaced."""
+    if not isinstance(anchor, dict):
+        raise Broken("the anchor is not a JSON object")
+    name = anchor.get("chain")
+    key = report.keys.get(anchor.get("key_id"))
+    try:
+        if key is None or anchor.get("kind") != ANCHOR_KIND:
+            raise InvalidSignature
+        key.verify(_b64url_decode(str(anchor.get("signature", ""))), anchor_bytes(anchor))
+    except (InvalidSignature, ValueError, binascii.Error):
+        raise Broken(f"chain {name}: the anchor has an invalid signature or an untrusted key") from None
+    end = report.ends.get(name)
+    seq = anchor.get("seq")
+    if not isinstance(seq, int) or end != (seq - 1, anchor.get("prev_hash")):
+        raise Broken(
+            f"chain {name}: the export ends at {end} but the anchor continues from seq {anchor.get('seq')} "
+            f"with prev_hash {anchor.get('prev_hash')}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,10 +283,19 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PEM",
         help="trust only this public key (repeatable); default: the keys in the export's header",
     )
+    parser.add_argument(
+        "--continued-by",
+        metavar="ANCHOR_JSON",
+        help="the export is an archived prefix: check it ends where this anchor (its payload, JSON) continues",
+    )
     args = parser.parse_args(argv)
     trusted = _load_trusted(args.trusted_key) if args.trusted_key else None
     try:
         report = verify_export(args.export, trusted)
+        if args.continued_by:
+            with open(args.continued_by, encoding="utf-8") as fh:
+                anchor = json.load(fh)
+            verify_continued_by(report, anchor.get("payload", anchor))
     except Broken as exc:
         sys.stdout.write(f"audit export BROKEN: {exc}\n")
         return 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
+from .anchors import truncate_all
 from .checkpoints import checkpoint_write
 from .sequencer import sequence_pending
 
@@ -17,3 +18,9 @@ def audit_checkpoint(chain: str | None = None) -> int:
     """
     sequence_pending()
     return len(checkpoint_write(chain))
+
+
+@shared_task(name="autoplane.audit_truncate", ignore_result=True, soft_time_limit=3000, time_limit=3300)
+def audit_truncate() -> int:
+    """Hourly; does nothing unless AUTOPLANE_AUDIT_RETENTION_DAYS is set. Returns the rows deleted."""
+    return sum(t.deleted for t in truncate_all())

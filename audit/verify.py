@@ -13,6 +13,11 @@ Verification covers the *sequenced* prefix of each chain (see
 (``waiting``) and each is checked against the entry hash sealed at append, so
 an entry altered while it waits is reported too.
 
+A truncated chain (docs/audit.md, "Retention") starts at its newest truncation
+anchor instead: the anchor must carry a valid signature and be backed by a
+signed checkpoint at seq N - 1 with hash H, and the walk starts at seq N
+expecting prev_hash H. Checkpoints below N keep having their signatures checked.
+
 Verification streams the events (``.iterator()``) and runs beside writers and
 the sequencer: the head and checkpoints are read first, so anything sequenced
 during the walk is either checked or left for the next run, never reported as broken.
@@ -23,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 
-from .checkpoints import checkpoint_signature_valid
+from .checkpoints import anchor_signature_valid, checkpoint_signature_valid, newest_anchor
 from .models import AuditChainHead, AuditCheckpoint, AuditEvent
 from .writer import CONTENT_FIELDS, GENESIS_HASH, HASHED_FIELDS, entry_hash, event_hash
 
@@ -112,15 +117,32 @@ def verify_chain(chain: str, *, since_checkpoint: bool = False) -> VerifyResult:
                 checkpoint_id=cp.id,
             )
 
-    rows = AuditEvent.objects.filter(chain=chain, seq__isnull=False)
     expected_seq, prev_hash, last_id = 1, GENESIS_HASH, None
-    pending = 0  # index of the next checkpoint to meet
-    if since_checkpoint and checkpoints:
-        start = checkpoints[-1].seq
-        rows = rows.filter(seq__gte=start)
+    anchor = newest_anchor(chain)
+    if anchor is not None:
+        if not anchor_signature_valid(anchor.payload, chain):
+            return broken(
+                "truncation anchor has an invalid signature or statement (forged or edited)",
+                event_id=anchor.id,
+                seq=anchor.seq,
+            )
+        expected_seq, prev_hash = anchor.payload["seq"], anchor.payload["prev_hash"]
+        if anchor.seq < expected_seq or not any(
+            cp.seq == expected_seq - 1 and cp.head_hash == prev_hash for cp in checkpoints
+        ):
+            return broken(
+                f"truncation anchor (from seq {expected_seq}) is not backed by a signed checkpoint at "
+                f"seq {expected_seq - 1} with its prev_hash",
+                event_id=anchor.id,
+                seq=anchor.seq,
+            )
+    rows = AuditEvent.objects.filter(chain=chain, seq__gte=expected_seq)
+    if since_checkpoint and checkpoints and checkpoints[-1].seq >= expected_seq:
+        rows = rows.filter(seq__gte=checkpoints[-1].seq)
         # None: the first row's prev_hash is vouched for by the checkpoint's signed hash of that row.
-        expected_seq, prev_hash = start, None
-        pending = next(i for i, cp in enumerate(checkpoints) if cp.seq >= start)
+        expected_seq, prev_hash = checkpoints[-1].seq, None
+    # Checkpoints below the start (truncated away) were checked for their signatures only.
+    pending = next((i for i, cp in enumerate(checkpoints) if cp.seq >= expected_seq), len(checkpoints))
     rows = (
         rows.order_by("seq")
         .values_list("id", "hash", "entry_hash", *HASHED_FIELDS)

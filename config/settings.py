@@ -243,6 +243,10 @@ AUTOPLANE_AUDIT_SEQUENCE_INTERVAL_SECONDS = env.float(
 AUTOPLANE_AUDIT_SEQUENCE_BATCH = env.int("AUTOPLANE_AUDIT_SEQUENCE_BATCH", default=2000)
 AUTOPLANE_AUDIT_CHECKPOINT_SECONDS = env.int("AUTOPLANE_AUDIT_CHECKPOINT_SECONDS", default=300)
 AUTOPLANE_AUDIT_MAX_PAYLOAD_BYTES = env.int("AUTOPLANE_AUDIT_MAX_PAYLOAD_BYTES", default=64 * 1024)
+# Audit ledger truncation (docs/audit.md, "Retention"): 0 keeps the ledger forever.
+AUTOPLANE_AUDIT_RETENTION_DAYS = env.int("AUTOPLANE_AUDIT_RETENTION_DAYS", default=0)
+# Where truncated prefixes are archived (audit_export's format); empty: DATA_DIR/audit-exports.
+AUTOPLANE_AUDIT_EXPORT_DIR = env.str("AUTOPLANE_AUDIT_EXPORT_DIR", default="")
 
 # History retention (docs/operations.md, "Retention"): finished runs, with their steps
 # and step outputs, older than this many days are deleted by `manage.py prune_history`
@@ -474,6 +478,7 @@ CELERY_BEAT_SCHEDULE = {
     "expire-approvals": {"task": "autoplane.expire_approvals", "schedule": 30.0},
     "purge-expired": {"task": "autoplane.purge_expired", "schedule": 3600.0},
     "prune-history": {"task": "autoplane.prune_history", "schedule": 3600.0},
+    "audit-truncate": {"task": "autoplane.audit_truncate", "schedule": 3600.0},
     "webhook-rejections": {
         "task": "autoplane.webhook_rejections_summarize",
         "schedule": float(AUTOPLANE_WEBHOOK_REJECTION_WINDOW_SECONDS),

@@ -13,6 +13,7 @@ from audit import sequencer, signing, writer
 from audit.models import AuditChainHead, AuditCheckpoint, AuditEvent
 
 _guard = importlib.import_module("audit.migrations.0005_sequencer")
+_anchor_guard = importlib.import_module("audit.migrations.0008_truncation_anchor_guard")
 _checkpoint_guard = importlib.import_module("audit.migrations.0006_checkpoint_delete_guard")
 
 
@@ -62,10 +63,11 @@ def _install_guard() -> None:
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(_guard.PG_REMOVE)
-            cursor.execute(_guard.PG_INSTALL)
+            cursor.execute(_anchor_guard.PG_INSTALL)
             cursor.execute(_checkpoint_guard.PG_INSTALL)
         else:
-            for statement in _guard.SQLITE_REMOVE + _guard.SQLITE_INSTALL + _checkpoint_guard.SQLITE_INSTALL:
+            statements = _guard.SQLITE_REMOVE + _guard.SQLITE_INSTALL + _anchor_guard.SQLITE_INSTALL
+            for statement in statements + _checkpoint_guard.SQLITE_INSTALL:
                 cursor.execute(statement)
 
 
