@@ -114,7 +114,7 @@ def truncate_chain(chain: str, *, days: int, now: datetime | None = None, batch:
         result.from_seq = anchor.payload["seq"]
         result.deleted = _delete_below(chain, result.from_seq, batch)
     # A new cut must take the previous anchor with it, so every prefix file holds the anchor it starts from.
-    floor = anchor.seq if anchor is not None else 1
+    floor = (anchor.seq or 1) if anchor is not None else 1
     cutoff = (now or timezone.now()) - timedelta(days=days)
     cp = _candidate(chain, cutoff, floor)
     if cp is None:

@@ -92,10 +92,10 @@ def export_jsonl(
             }
             out.write(canonical_json(line) + "\n")
             counts.checkpoints += 1
-        rows = AuditEvent.objects.filter(chain=chain, seq__gte=chain_start(chain))
+        events = AuditEvent.objects.filter(chain=chain, seq__gte=chain_start(chain))
         if below_seq is not None:
-            rows = rows.filter(seq__lt=below_seq)
-        rows = rows.order_by("seq").values_list("id", "hash", *HASHED_FIELDS)
+            events = events.filter(seq__lt=below_seq)
+        rows = events.order_by("seq").values_list("id", "hash", *HASHED_FIELDS)
         for row in rows.iterator(chunk_size=2000):
             line = {
                 "kind": "event",

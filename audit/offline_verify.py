@@ -187,7 +187,7 @@ def verify_export(path: str, trusted: dict[str, Ed25519PublicKey] | None = None)
         raise Broken("no header line: not an autoplane audit export")
     for name, chain in chains.items():
         if chain.anchor is not None:
-            _start_at_anchor(name, chain, keys or {})
+            _start_at_anchor(name, chain, chain.anchor, keys or {})
 
     # Pass 2: events, in seq order per chain.
     for number, record in _lines(path):
@@ -228,8 +228,7 @@ def verify_export(path: str, trusted: dict[str, Ed25519PublicKey] | None = None)
     return report
 
 
-def _start_at_anchor(name: str, chain: _Chain, keys: dict[str, Ed25519PublicKey]) -> None:
-    anchor = chain.anchor
+def _start_at_anchor(name: str, chain: _Chain, anchor: dict, keys: dict[str, Ed25519PublicKey]) -> None:
     where = f"chain {name}: truncation anchor (event id {anchor.get('id')}, line {anchor['line']})"
     payload = anchor.get("payload")
     if not isinstance(payload, dict) or payload.get("kind") != ANCHOR_KIND or payload.get("chain") != name:
@@ -237,7 +236,7 @@ def _start_at_anchor(name: str, chain: _Chain, keys: dict[str, Ed25519PublicKey]
     seq, prev_hash = payload.get("seq"), payload.get("prev_hash")
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 2 or not isinstance(prev_hash, str):
         raise Broken(f"{where} is malformed")
-    key = keys.get(payload.get("key_id"))
+    key = keys.get(str(payload.get("key_id")))
     try:
         if key is None:
             raise InvalidSignature
@@ -256,8 +255,8 @@ def verify_continued_by(report: Report, anchor: dict) -> None:
     """The verified export ``report`` is the prefix that ``anchor`` (an anchor event's payload) replaced."""
     if not isinstance(anchor, dict):
         raise Broken("the anchor is not a JSON object")
-    name = anchor.get("chain")
-    key = report.keys.get(anchor.get("key_id"))
+    name = str(anchor.get("chain"))
+    key = report.keys.get(str(anchor.get("key_id")))
     try:
         if key is None or anchor.get("kind") != ANCHOR_KIND:
             raise InvalidSignature
