@@ -260,7 +260,7 @@ def api(owner):
 
 
 @pytest.fixture
-def drive(request) -> Driver:
+def drive(request, db) -> Driver:
     """The real executor in-process: ``drive(run_id)`` runs a run to rest; ``drive.automation(doc)``,
     ``drive.start(automation)``, ``drive.decide(approval, user)``, ``drive.resume(run)`` (tests/factories.py)."""
     return Driver(request)

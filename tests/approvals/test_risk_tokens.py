@@ -9,6 +9,7 @@ from automations.definition import describe_step
 from automations.steps import risk_for
 from capabilities import registry
 from capabilities.base import Capability, Risk, RiskInputs, SideEffect
+from tests.factories import definition, http_step, risk_step
 
 
 def risk_of(step: dict) -> tuple[Risk, list[str]]:
@@ -91,3 +92,21 @@ def test_network_from_a_sandbox_is_at_least_high_and_says_so():
 
     assert risk == Risk.HIGH
     assert reasons == ["network access from a sandbox: risk low → high"]
+
+
+def test_a_delete_refused_at_a3_says_which_rule_raised_it(drive, target, path_for):
+    path = path_for("delete")
+    run = drive.start(drive.automation(definition(http_step("cleanup", target.url(path), "DELETE"))))
+
+    assert run.status == "failed"
+    assert run.error["code"] == "POLICY_VIOLATION"
+    assert "DELETE is a destructive method: risk high → critical" in run.error["message"]
+    assert target.count(path) == 0
+
+
+def test_an_approval_says_which_rule_raised_the_risk(drive, target, path_for):
+    run = drive.start(
+        drive.automation(definition(risk_step("critical", target.url(path_for("a4"))), autonomy="A4"))
+    )
+
+    assert "DELETE is a destructive method: risk high → critical" in drive.approval(run).why
