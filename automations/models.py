@@ -124,6 +124,9 @@ class Run(models.Model):
     recoveries = models.PositiveSmallIntegerField(default=0)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     wake_at = models.DateTimeField(null=True, blank=True)
+    # When the sweep last sent a message for this waiting run whose timer had fired (runs_sweep):
+    # the next passes leave it to that message unless it went untaken for REQUEUE_AFTER.
+    resent_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

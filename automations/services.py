@@ -13,7 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from approvals.services import approvals_invalidate_for_run
@@ -363,13 +363,14 @@ def run_resolve(*, run: Run, resolution: str, user=None, reason: str = "", outpu
             ]
             if step.get("output_as"):
                 fields["context"] = {**run.context, step["output_as"]: output}
-        fields.update(status=RunStatus.QUEUED, step_index=run.step_index + 1, enqueued_at=now)
+        fields.update(status=RunStatus.QUEUED, step_index=run.step_index + 1, enqueued_at=now, recoveries=0)
     elif resolution == "retry":
         if step_run is not None:
             StepRun.objects.filter(pk=step_run.pk).update(
                 status=StepStatus.PENDING, error_code="", error_message=""
             )
-        fields.update(status=RunStatus.QUEUED, enqueued_at=now)
+        # The operator vouches for running it again: AUTOPLANE_MAX_RECOVERIES counts afresh.
+        fields.update(status=RunStatus.QUEUED, enqueued_at=now, recoveries=0)
     else:
         fields.update(status=RunStatus.FAILED, finished_at=now,
                       error={"code": "OUTCOME_UNKNOWN", "message": "marked failed by an operator"})  # fmt: skip
@@ -424,7 +425,12 @@ def runs_sweep() -> dict[str, int]:
     lease_expired = Run.objects.filter(status=RunStatus.RUNNING, lease_expires_at__lt=now).filter(
         ~Q(claimed_by="") | Q(lease_expires_at__lt=now - requeue_after)
     )
-    due = Run.objects.filter(status=RunStatus.WAITING, wake_at__lte=now - timedelta(seconds=2))
+    # A waiting run whose timer fired, likewise: sent once (``resent_at``, not ``enqueued_at``, which
+    # times the queue wait), and again only if that message went untaken for REQUEUE_AFTER. A marker
+    # older than the timer is from an earlier wait.
+    due = Run.objects.filter(status=RunStatus.WAITING, wake_at__lte=now - timedelta(seconds=2)).filter(
+        Q(resent_at__isnull=True) | Q(resent_at__lt=F("wake_at")) | Q(resent_at__lt=now - requeue_after)
+    )
     stale = Run.objects.filter(status=RunStatus.QUEUED, enqueued_at__lt=now - requeue_after)
     for name, queryset in (("lease_expired", lease_expired), ("due", due), ("lost_messages", stale)):
         for run_id, queue in queryset.values_list("pk", "queue")[:500]:
@@ -434,6 +440,8 @@ def runs_sweep() -> dict[str, int]:
             elif name == "lease_expired" and not lease_expired.filter(pk=run_id).update(
                 claimed_by="", lease_expires_at=now
             ):
+                continue  # claimed meanwhile, or another sweep sent it
+            elif name == "due" and not due.filter(pk=run_id).update(resent_at=now):
                 continue  # claimed meanwhile, or another sweep sent it
             publish_run(str(run_id), queue)
             counts[name] += 1

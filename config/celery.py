@@ -15,6 +15,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 app = Celery("autoplane")
 # The embedded broker (sqla+sqlite://) with its polling interval; kombu imports it on first connect.
 TRANSPORT_ALIASES["sqla"] = TRANSPORT_ALIASES["sqlalchemy"] = "config.embedded_broker:Transport"
+# Redis: kombu's transport, with a worker that survives losing the broker (config/redis_broker.py).
+TRANSPORT_ALIASES["redis"] = TRANSPORT_ALIASES["rediss"] = "config.redis_broker:Transport"
 app.config_from_object("django.conf:settings", namespace="CELERY")
 
 # Duration classes (SPEC §7.1): a run goes to the queue of its longest step.

@@ -212,3 +212,51 @@ def test_the_sweep_sends_an_expired_lease_once_and_again_only_after_requeue_afte
     # The re-sent message is claimed like any expired lease, and counted as a recovery.
     claimed = executor.claim(str(run.pk), "worker-1:1")
     assert (claimed.claimed_by, claimed.recoveries) == ("worker-1:1", 1)
+
+
+def test_the_sweep_sends_a_due_timer_once_and_again_only_after_requeue_after(workspace, settings):
+    settings.AUTOPLANE_REQUEUE_AFTER_SECONDS = 60
+    run = start(workspace, transform("a", "x"))
+    enqueued_at = Run.objects.get(pk=run.pk).enqueued_at
+    fired = timezone.now() - timedelta(seconds=5)
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.WAITING, wake_at=fired)
+
+    assert services.runs_sweep()["due"] == 1
+    assert services.runs_sweep()["due"] == 0  # the next passes leave it to that message
+    assert services.runs_sweep()["due"] == 0
+    assert Run.objects.get(pk=run.pk).enqueued_at == enqueued_at  # the queue-wait metric is not touched
+
+    # That message was lost too: sent again once REQUEUE_AFTER has passed.
+    Run.objects.filter(pk=run.pk).update(resent_at=timezone.now() - timedelta(seconds=61))
+    assert services.runs_sweep()["due"] == 1
+    assert services.runs_sweep()["due"] == 0
+
+    # A later wait (the run went on and parked again) is sent at once: the marker is from the earlier one.
+    now = timezone.now()
+    Run.objects.filter(pk=run.pk).update(
+        resent_at=now - timedelta(seconds=30), wake_at=now - timedelta(seconds=3)
+    )
+    assert services.runs_sweep()["due"] == 1
+    assert services.runs_sweep()["due"] == 0
+
+    claimed = executor.claim(str(run.pk), "worker-1:1")
+    assert (claimed.status, claimed.recoveries) == (RunStatus.RUNNING, 0)
+
+
+# --- an operator's resolution starts the recovery count again ------------------------------------------
+
+
+@pytest.mark.parametrize("resolution", ["retry", "succeeded"])
+def test_a_resolution_that_goes_on_starts_the_recovery_count_again(workspace, settings, resolution):
+    settings.AUTOPLANE_MAX_RECOVERIES = 3
+    run = start(workspace, transform("a", "x"), transform("b", "y"))
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.NEEDS_ATTENTION, recoveries=3)
+
+    resolved = services.run_resolve(run=Run.objects.get(pk=run.pk), resolution=resolution, reason="checked")
+    assert (resolved.status, resolved.recoveries) == (RunStatus.QUEUED, 0)
+
+    # The next worker death is a first recovery, not past the limit.
+    executor.claim(str(run.pk), "gone-host:4242")
+    Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert executor.execute_run(str(run.pk), "worker-1:1") == RunStatus.SUCCEEDED
+    assert Run.objects.get(pk=run.pk).recoveries == 1

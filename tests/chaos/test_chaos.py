@@ -249,6 +249,7 @@ def test_case2_the_broker_stopped_and_restarted_empty(platform, full):
             n += 1
             time.sleep(0.1)
 
+    crashes_before = platform.log_path.read_text(errors="replace").count("Unrecoverable error")
     firing = threading.Thread(target=fire_continuously, daemon=True)
     firing.start()
     time.sleep(1.0)
@@ -268,7 +269,13 @@ def test_case2_the_broker_stopped_and_restarted_empty(platform, full):
     assert not [s for s in statuses if not isinstance(s, int) or s >= 500], statuses
     assert not lost, f"{len(lost)} accepted runs never finished: {lost}"
     assert all(r["status"] == "succeeded" for r in final.values())
-    assert recovered <= 15 + (10.0 if full else 2.0), (
+    # No worker died of the outage (kombu's "'hostname'" AttributeError, config/redis_broker.py).
+    assert platform.log_path.read_text(errors="replace").count("Unrecoverable error") == crashes_before
+    # Within 15 s of the broker's return for the runs accepted until then, plus the time they were fired
+    # for afterwards. The quick (CI) case allows 15 s more: it must not flake on a loaded CI machine,
+    # and it still catches the failures it guards against (a crashed worker, runs left to the 300 s
+    # sweep); the full suite keeps the 15 s.
+    assert recovered <= 15 + (10.0 if full else 2.0 + 15.0), (
         f"runs finished {recovered:.1f} s after the broker returned"
     )
     wait_for(platform.healthy, 60, 0.5, "healthy again")
