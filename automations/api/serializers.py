@@ -83,10 +83,22 @@ class RunListOut(serializers.ModelSerializer):
                   "created_at", "started_at", "finished_at"]  # fmt: skip
 
 
+class StrictSlugField(serializers.SlugField):
+    """A slug given as a JSON string: DRF's CharField would take the number 0 as "0"."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
 class AutomationWrite(serializers.Serializer):
     definition = serializers.JSONField(required=False)
     status = serializers.ChoiceField(choices=AutomationStatus.choices, required=False)
-    workspace = serializers.SlugField(required=False)
+    workspace = StrictSlugField(
+        required=False,
+        help_text="on create: the workspace; on update: only its own (automations do not move)",
+    )
 
 
 class AutomationReplace(AutomationWrite):
@@ -125,7 +137,7 @@ class ResolveIn(serializers.Serializer):
 class EventIn(serializers.Serializer):
     event_type = serializers.RegexField(r"^[a-z0-9_.-]{1,128}$")
     payload = serializers.DictField(required=False, default=dict)
-    workspace = serializers.SlugField(required=False)
+    workspace = StrictSlugField(required=False)
 
 
 class RunAccepted(serializers.Serializer):

@@ -102,6 +102,16 @@ class AutomationDetail(generics.RetrieveAPIView):
             raise InvalidArgument(
                 [{"path": "/definition", "code": "required", "message": "definition is required"}]
             )
+        if data.validated_data.get("workspace", automation.workspace.slug) != automation.workspace.slug:
+            raise InvalidArgument(
+                [
+                    {
+                        "path": "/workspace",
+                        "code": "immutable",
+                        "message": "an automation cannot move to another workspace",
+                    }
+                ]
+            )
         automation = services.automation_update(
             automation=automation, user=request.user,
             definition=data.validated_data.get("definition"), status=data.validated_data.get("status"),

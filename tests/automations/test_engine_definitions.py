@@ -299,6 +299,26 @@ def test_there_are_at_least_25_invalid_cases():
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(("given", "expected"), [(None, 200), ("own", 200), ("globex", 400), (0, 400)])
+def test_an_update_names_only_its_own_workspace(api, workspace, other_workspace, given, expected):
+    created = api.post("/api/v1/automations", VALID, format="json").json()
+    body = {"definition": with_change(lambda b: b.update(name="renamed"))}
+    if given is not None:
+        body["workspace"] = workspace.slug if given == "own" else given
+    audit_before = AuditEvent.objects.count()
+
+    response = api.put(f"/api/v1/automations/{created['id']}", body, format="json")
+
+    assert response.status_code == expected, response.content
+    automation = Automation.objects.get(pk=created["id"])
+    assert automation.workspace_id == workspace.pk
+    if expected == 400:
+        assert [e["path"] for e in response.json()["errors"]] == ["/workspace"]
+        assert automation.version == 1
+        assert AuditEvent.objects.count() == audit_before
+
+
+@pytest.mark.django_db
 def test_update_bumps_version_and_keeps_history(api, workspace):
     created = api.post("/api/v1/automations", VALID, format="json").json()
     changed = with_change(lambda b: b.update(name="renamed"))
