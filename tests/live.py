@@ -32,6 +32,16 @@ MARKER_VAR = "AUTOPLANE_TEST_SESSION"
 START_TIMEOUT = 60.0
 
 
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition", interval: float = 0.02):
+    """Poll ``predicate`` until it returns something truthy (returned), or fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def database_url() -> str:
     """The URL of the database this test process is using right now (the test database)."""
     params = connection.settings_dict

@@ -72,15 +72,6 @@ def no_publish(monkeypatch):
     monkeypatch.setattr("automations.enqueue.publish_run", lambda *args, **kwargs: None)
 
 
-def _wait_for(predicate, timeout: float = 20.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _in_thread(run_id) -> threading.Thread:
     def work():
         try:

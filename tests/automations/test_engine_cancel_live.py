@@ -20,18 +20,9 @@ from automations import services
 from automations.models import Run, RunStatus, StepRun
 from capabilities.sandbox import BubblewrapBackend
 from tests.factories import definition
+from tests.live import wait_for
 
 pytestmark = pytest.mark.workers
-
-
-def _wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _step_status(run_id, step_id: str) -> str | None:
@@ -56,12 +47,12 @@ def test_cancel_kills_a_running_sandbox_step_within_seconds(celery_workers, work
         execution={"autonomy": "A4"},
     ))  # fmt: skip
     run = services.run_create(automation=automation, inputs={}).run
-    _wait_for(lambda: _step_status(run.pk, "nap") == "running", what="the step to show running")
-    _wait_for(lambda: _sandbox_pids(marker), what="the sandbox process to start")
+    wait_for(lambda: _step_status(run.pk, "nap") == "running", what="the step to show running")
+    wait_for(lambda: _sandbox_pids(marker), what="the sandbox process to start")
 
     services.run_cancel(run=run)
     cancelled_at = time.monotonic()
-    _wait_for(
+    wait_for(
         lambda: Run.objects.get(pk=run.pk).status == RunStatus.CANCELLED, timeout=5, what="run cancelled"
     )
 
@@ -108,11 +99,11 @@ def test_cancel_abandons_an_http_call_in_flight_within_seconds(celery_workers, w
          "config": {"url": slow_server.url, "timeout_seconds": 100}},
     ))  # fmt: skip
     run = services.run_create(automation=automation, inputs={}).run
-    _wait_for(lambda: _step_status(run.pk, "fetch") == "running", what="the step to show running")
+    wait_for(lambda: _step_status(run.pk, "fetch") == "running", what="the step to show running")
     assert slow_server.arrived.wait(30), "the request never reached the server"
 
     services.run_cancel(run=run)
-    _wait_for(
+    wait_for(
         lambda: Run.objects.get(pk=run.pk).status == RunStatus.CANCELLED, timeout=5, what="run cancelled"
     )
 
@@ -130,8 +121,8 @@ def test_a_waiting_step_shows_waiting_until_its_timer_fires(celery_workers, work
     ))  # fmt: skip
     run = services.run_create(automation=automation, inputs={}).run
 
-    _wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.WAITING, what="the run to wait")
+    wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.WAITING, what="the run to wait")
     assert _step_status(run.pk, "pause") == "waiting"
-    _wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.SUCCEEDED, what="the run to finish")
+    wait_for(lambda: Run.objects.get(pk=run.pk).status == RunStatus.SUCCEEDED, what="the run to finish")
     assert _step_status(run.pk, "pause") == "succeeded"
     assert _step_status(run.pk, "after") == "succeeded"

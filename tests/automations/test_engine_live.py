@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import random
 import threading
-import time
 
 import pytest
 from django.utils import timezone
@@ -15,22 +14,13 @@ from audit.verify import verify_all
 from automations import services
 from automations.models import Run, RunStatus, StepRun
 from tests.factories import client_for, definition, transform
+from tests.live import wait_for
 
 pytestmark = pytest.mark.workers
 
 KILL_ITERATIONS = int(os.environ.get("AUTOPLANE_KILL_ITERATIONS", "20"))
 RESTING = {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.NEEDS_ATTENTION, RunStatus.CANCELLED,
            RunStatus.TIMED_OUT}  # fmt: skip
-
-
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def run_status(run_id) -> str:
