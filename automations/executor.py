@@ -11,12 +11,11 @@ Crash safety rests on three rules:
   (milliseconds) share one transaction instead, being safe to repeat; the
   first such stretch shares the claim's transaction (:meth:`Executor.begin`),
   so a crash before its commit leaves the run unclaimed, as if never started.
-* **Recovery.** A claim that finds the current step ``running`` with no outcome
-  knows the previous worker died mid-call: a step safe to retry gets a new
-  attempt; any other becomes ``OUTCOME_UNKNOWN`` and the run
-  ``needs_attention`` for an operator — never a guessed success. A run whose
-  workers keep dying is recovered at most ``AUTOPLANE_MAX_RECOVERIES`` times,
-  then fails with ``RECOVERY_LIMIT``.
+* **Recovery** (``recovery.py``). A claim that finds the current step ``running``
+  with no outcome knows the previous worker died mid-call: a step safe to retry
+  gets a new attempt; any other becomes ``OUTCOME_UNKNOWN`` and the run
+  ``needs_attention`` for an operator — never a guessed success; past
+  ``AUTOPLANE_MAX_RECOVERIES`` the run fails with ``RECOVERY_LIMIT``.
 * **Transient database errors are waited out** (``transient.py``): a claim or a
   write that meets a restarted database or a killed connection reconnects and
   goes on where it was; a step's outcome is never lost to one.
@@ -26,14 +25,14 @@ cancelled; a ``wait`` step is ``waiting`` until its timer fires; steps a failed
 or cancelled run never reached are ``skipped``.
 
 Preparing a step (render, validate, describe, risk) is ``steps.py``; the gate
-is ``gating.py``; this module only sequences them and records what happened.
+is ``gating.py``; what happened is written by ``outcomes.py``; this module only
+sequences them.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable
 from contextlib import ExitStack
 from datetime import timedelta
 from decimal import Decimal
@@ -50,22 +49,16 @@ from audit.redaction import redact
 from capabilities.base import AwaitingApproval, Envelope, ErrorCode, StepFailure
 from config import instruments, logs, tracing
 
-from . import definition as defs
-from . import gating, steps, transient
+from . import gating, recovery, steps, transient
 from .action_context import action_context, cost_meter
 from .agent_tools import ToolGateway
 from .claim import LostClaim, claim, worker_id
-from .concurrency import run_settled
 from .models import FINAL_RUN_STATUSES, Run, RunStatus, StepRun, StepStatus
 from .outcomes import Parked, RunRecorder, charged, redacted
 from .steps import PLAN, PreparedStep
 from .watch import StepWatch
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_STEP_TIMEOUT = 30.0
-QUICK_STEP_SECONDS = 0.1
-MAX_BACKOFF_SECONDS = 300.0
 
 
 class Executor(RunRecorder):
@@ -91,7 +84,7 @@ class Executor(RunRecorder):
         """
         self.row_locked = True
         try:
-            going_on = self._recover()
+            going_on = recovery.recover(self)
             if going_on:
                 self._start()
                 if self._quick_step_next():
@@ -150,16 +143,7 @@ class Executor(RunRecorder):
         plan = steps.steps_of(self.run, self.run.phase)
         if self.run.step_index >= len(plan):
             return True  # finishing is quick too
-        step = plan[self.run.step_index]
-        action = defs.action_of(step)
-        if action is None or action.always_asks_human or action.target is not None:
-            return False
-        capability = defs.describe_step(step, self.run.workspace_id)
-        return (
-            capability is not None
-            and not capability.has_side_effects
-            and capability.expected_duration_seconds <= QUICK_STEP_SECONDS
-        )
+        return steps.is_quick(plan[self.run.step_index], self.run.workspace_id)
 
     def _start(self) -> None:
         now = timezone.now()
@@ -173,71 +157,6 @@ class Executor(RunRecorder):
         instruments.run_started(queue=self.run.queue, enqueued_at=self.run.enqueued_at or self.run.created_at,
                                 started_at=self.run.started_at)  # fmt: skip
         self._audit("run.started", f"run started on {self.run.queue}", payload={"queue_wait_ms": queued_ms})
-
-    def _recover(self) -> bool:
-        """Decide what to do with a step a dead worker left ``running``. False = stop."""
-        step_run = self.step_runs.get((self.run.phase, self.run.step_index))
-        if step_run is None or step_run.status != StepStatus.RUNNING:
-            return True
-        step = steps.steps_of(self.run, self.run.phase)[self.run.step_index]
-        capability = defs.describe_step({**step, "config": step_run.rendered_config or step.get("config") or {}},
-                                        self.run.workspace_id)  # fmt: skip
-        step_id = step["step_id"]
-        safe = capability is not None and capability.safe_to_retry
-        if safe and self._recovery_limit_reached(step_run, step_id):
-            return self.run.status not in FINAL_RUN_STATUSES  # on_failure steps may still run
-        if safe:
-            with transaction.atomic(savepoint=False):
-                self._save_step(step_run, status=StepStatus.PENDING)
-                instruments.run_recovered(outcome="retried")
-                instruments.step_outcome(action=step["action"], outcome="recovered")
-                self._audit("step.recovered", f"{step_id}: worker lost mid-step; safe to retry",
-                            refs={"step": step_id}, payload={"attempt": step_run.attempt})  # fmt: skip
-            return True
-        message = "the worker stopped during this step; whether its side effect happened is unknown"
-        with transaction.atomic(savepoint=False):
-            self._save_step(
-                step_run, status=StepStatus.FAILED, error_code=ErrorCode.OUTCOME_UNKNOWN, error_message=message,
-                finished_at=timezone.now(),
-                output=Envelope.failure(ErrorCode.OUTCOME_UNKNOWN, message, retryable=False).as_dict(),
-            )  # fmt: skip
-            error = {"code": ErrorCode.OUTCOME_UNKNOWN, "message": message, "step_id": step_id}
-            instruments.run_recovered(outcome="needs_attention")
-            instruments.step_outcome(action=step["action"], outcome="outcome_unknown")
-            self._update_run(
-                status=RunStatus.NEEDS_ATTENTION, error=error, claimed_by="", lease_expires_at=None
-            )
-            self._audit("step.outcome_unknown", f"{step_id}: {message}", Outcome.FAILURE,
-                        refs={"step": step_id}, payload={"idempotency_key": step_run.idempotency_key})  # fmt: skip
-            self._audit(
-                "run.needs_attention", "run needs an operator to resolve an unknown outcome", Outcome.FAILURE
-            )
-        run_settled(self.run)
-        return False
-
-    def _recovery_limit_reached(self, step_run: StepRun, step_id: str) -> bool:
-        """A poison run (a step that kills its worker, again and again) fails past the recovery limit.
-
-        Only a step left ``running`` (a worker died in it) is checked: a takeover
-        between steps cannot be the run's fault, and a run that failed into its
-        ``on_failure`` steps keeps running them.
-        """
-        limit = settings.AUTOPLANE_MAX_RECOVERIES
-        if self.run.recoveries <= limit:
-            return False
-        message = (f"the run's worker stopped {self.run.recoveries} times while running it; "
-                   f"it was recovered {limit} times and is not recovered again")  # fmt: skip
-        with transaction.atomic(savepoint=False):
-            self._save_step(
-                step_run, status=StepStatus.FAILED, error_code=ErrorCode.RECOVERY_LIMIT, error_message=message,
-                finished_at=timezone.now(),
-                output=Envelope.failure(ErrorCode.RECOVERY_LIMIT, message, retryable=False).as_dict(),
-            )  # fmt: skip
-            self._audit("run.recovery_limit", f"{step_id}: {message}", Outcome.FAILURE, refs={"step": step_id},
-                        payload={"recoveries": self.run.recoveries, "max_recoveries": limit,
-                                 "attempt": step_run.attempt})  # fmt: skip
-        self._fail({"code": ErrorCode.RECOVERY_LIMIT, "message": message, "step_id": step_id})
-        return True
 
     def _stop_requested(self) -> bool:
         if self.fresh or self.row_locked:  # what the claim read is still what the row says
@@ -318,7 +237,7 @@ class Executor(RunRecorder):
         # timeout, connection dropped, an operator's "retry") or a "not processed" answer
         # keeps the key it was first sent with; a definite failure clears it (outcomes.py).
         key = step_run.idempotency_key or steps.idempotency_key(str(self.run.pk), step_id, attempt, config)
-        timeout = self._step_timeout(step, capability.expected_duration_seconds)
+        timeout = steps.step_timeout(step, capability.expected_duration_seconds, self.deadline)
         now = timezone.now()
         if capability.has_side_effects and self.batching:
             # The checkpoint must be committed before the call, never inside a batch.
@@ -376,32 +295,6 @@ class Executor(RunRecorder):
             )
         return self._recorded(lambda: self._store_outcome(
             step_run, step, attempt, stored_config, envelope, started=started, started_at=now))  # fmt: skip
-
-    def _recorded(self, record: Callable[[], Parked | None]) -> Parked | None:
-        """Record a call's outcome, again after a transient database error: the call is not repeated.
-
-        A failed transaction left the run and step objects as it found them in the
-        database only if they are put back as they were before it (it may have
-        set fields before failing).
-        """
-        objects = [self.run, *self.step_runs.values()]
-        saved = [(obj, {**obj.__dict__, "_state": copy.copy(obj._state)}) for obj in objects]
-        keys = dict(self.step_runs)
-
-        def restore() -> None:
-            for obj, fields in saved:
-                obj.__dict__.clear()
-                obj.__dict__.update(fields)
-            self.step_runs.clear()
-            self.step_runs.update(keys)
-
-        return transient.with_retries(
-            record, f"run {self.run.pk}: recording an outcome", before_retry=restore
-        )
-
-    def _step_timeout(self, step: dict, expected: float) -> float:
-        declared = float(step.get("timeout_seconds", max(expected, DEFAULT_STEP_TIMEOUT)))
-        return max(0.1, min(declared, (self.deadline - timezone.now()).total_seconds()))
 
 
 def execute_run(run_id: str, me: str | None = None) -> str | None:

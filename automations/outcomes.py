@@ -10,7 +10,9 @@ writes nothing. Each outcome is committed together with its audit rows.
 
 from __future__ import annotations
 
+import copy
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -27,7 +29,7 @@ from capabilities.base import CostMeter, Envelope, ErrorCode, StepFailure
 from config import instruments
 
 from . import definition as defs
-from . import events
+from . import events, transient
 from .claim import LostClaim
 from .concurrency import run_settled
 from .enqueue import run_wake_at
@@ -113,6 +115,28 @@ class RunRecorder:
             step_run.save(force_insert=True)
         else:
             StepRun.objects.filter(pk=step_run.pk).update(**fields)
+
+    def _recorded(self, record: Callable[[], Parked | None]) -> Parked | None:
+        """Record a call's outcome, again after a transient database error: the call is not repeated.
+
+        A failed transaction left the run and step objects as it found them in the
+        database only if they are put back as they were before it (it may have
+        set fields before failing).
+        """
+        objects = [self.run, *self.step_runs.values()]
+        saved = [(obj, {**obj.__dict__, "_state": copy.copy(obj._state)}) for obj in objects]
+        keys = dict(self.step_runs)
+
+        def restore() -> None:
+            for obj, fields in saved:
+                obj.__dict__.clear()
+                obj.__dict__.update(fields)
+            self.step_runs.clear()
+            self.step_runs.update(keys)
+
+        return transient.with_retries(
+            record, f"run {self.run.pk}: recording an outcome", before_retry=restore
+        )
 
     # --- outcomes ------------------------------------------------------------
 

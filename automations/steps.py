@@ -13,8 +13,10 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+from django.utils import timezone
 from jsonschema import Draft202012Validator
 
 from approvals import policy
@@ -29,6 +31,8 @@ from .models import Run, StepRun
 
 PLAN, ON_FAILURE = "plan", "on_failure"
 DEFAULT_APPROVAL_TIMEOUT_SECONDS = 24 * 3600
+DEFAULT_STEP_TIMEOUT = 30.0
+QUICK_STEP_SECONDS = 0.1
 
 
 @dataclass
@@ -96,6 +100,25 @@ def steps_of(run: Run, phase: str) -> list[dict[str, Any]]:
     if phase == PLAN:
         return run.snapshot["plan"]
     return (run.snapshot.get("execution") or {}).get("on_failure") or []
+
+
+def is_quick(step: dict[str, Any], workspace_id: int) -> bool:
+    """A step without side effects that finishes in milliseconds: safe to repeat after a crash."""
+    action = defs.action_of(step)
+    if action is None or action.always_asks_human or action.target is not None:
+        return False
+    capability = defs.describe_step(step, workspace_id)
+    return (
+        capability is not None
+        and not capability.has_side_effects
+        and capability.expected_duration_seconds <= QUICK_STEP_SECONDS
+    )
+
+
+def step_timeout(step: dict[str, Any], expected: float, deadline: datetime) -> float:
+    """Seconds the step's handler gets: its own timeout, never past the run's deadline."""
+    declared = float(step.get("timeout_seconds", max(expected, DEFAULT_STEP_TIMEOUT)))
+    return max(0.1, min(declared, (deadline - timezone.now()).total_seconds()))
 
 
 def step_context(run: Run, attempt: int) -> dict[str, Any]:
