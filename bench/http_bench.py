@@ -39,6 +39,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import close_old_connections, connection
 
+from bench import trace
 from bench.engine_bench import FINAL, pct
 from bench.workers import Workers
 
@@ -52,10 +53,11 @@ def _free_port() -> int:
 class Topology(Workers):
     """The children ``manage.py up`` supervises, started with the same argv, each in its own group."""
 
-    def __init__(self, *, web_workers: int, concurrency: dict[str, int]):
+    def __init__(self, *, web_workers: int, concurrency: dict[str, int], traced: bool = False):
         super().__init__(concurrency)
         self.port = _free_port()
         self.web_workers = web_workers
+        self.traced = traced
 
     def __enter__(self) -> Topology:
         from ops.management.commands.up import build_specs
@@ -66,6 +68,8 @@ class Topology(Workers):
             host="127.0.0.1", port=self.port, concurrency=self.concurrency, web_workers=self.web_workers
         )
         for spec in specs:
+            if self.traced:
+                spec = _traced(spec)
             log = open(log_dir / f"bench-http-{spec.name}.log", "ab")  # noqa: SIM115 - closed with the process
             self.procs.append(subprocess.Popen(spec.argv, cwd=spec.cwd, env=spec.env, stdout=log,
                                                stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
@@ -85,6 +89,18 @@ class Topology(Workers):
                     raise RuntimeError(f"web did not answer on port {self.port}") from None
                 time.sleep(0.2)
         super().wait_ready(timeout=max(1.0, deadline - time.monotonic()))
+
+
+def _traced(spec):
+    """The same child with bench.trace's hooks: the web app wrapped, each worker importing its signals."""
+    from dataclasses import replace
+
+    if spec.name == "web":
+        return replace(spec, argv=[("bench.trace_asgi:application" if arg == "ops.asgi:application" else arg)
+                                   for arg in spec.argv])  # fmt: skip
+    if spec.name.startswith("worker-"):
+        return replace(spec, argv=[*spec.argv, "--include", "bench.trace_worker"])
+    return spec
 
 
 class Client:
@@ -116,11 +132,12 @@ class Target:
     automation_id: str
     token: str
 
-    def fire(self, client: Client, i: int) -> str:
-        status, body = client.request(
-            "POST", f"/api/v1/automations/{self.automation_id}/fire", b'{"n": %d}' % i,
-            {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"},
-        )  # fmt: skip
+    def fire(self, client: Client, i: int, trace_key: str | None = None) -> str:
+        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
+        if trace_key is not None:
+            headers[trace.HEADER] = trace_key
+        status, body = client.request("POST", f"/api/v1/automations/{self.automation_id}/fire",
+                                      b'{"n": %d}' % i, headers)  # fmt: skip
         if status != 202:
             raise RuntimeError(f"fire answered {status}: {body[:200]!r}")
         return json.loads(body)["run_id"]
@@ -202,6 +219,38 @@ def latency(port: int, target: Target, seer: Seer, n: int) -> tuple[list[float],
         ids.append(run_id)
     client.close()
     return observed, ids
+
+
+def traced_latency(port: int, target: Target, seer: Seer, n: int) -> list[dict[str, float]]:
+    """``n`` fires, one at a time, each with every stage's stamp (see :mod:`bench.trace`)."""
+    from automations.models import Run
+
+    directory = trace.trace_dir()
+    client = Client(port)
+    for i in range(5):
+        seer.wait(target.fire(client, -i), client)
+    clients: dict[str, dict[str, float]] = {}
+    for i in range(n):
+        key = uuid.uuid4().hex
+        stamps = clients[key] = {"client.send": time.time()}
+        run_id = target.fire(client, i, trace_key=key)
+        stamps["client.response"] = time.time()
+        seer.wait(run_id, client)
+        stamps["client.seen"] = time.time()
+    client.close()
+    time.sleep(0.5)  # the last postrun stamp is written after the run is final
+    server = trace.load(directory)
+    merged = [{**server.get(key, {}), **stamps} for key, stamps in clients.items()]
+    rows = Run.objects.filter(pk__in=[t["run"] for t in merged if "run" in t])
+    times = {str(pk): (started, finished) for pk, started, finished in
+             rows.values_list("pk", "started_at", "finished_at")}  # fmt: skip
+    for stamps in merged:
+        started, finished = times.get(str(stamps.pop("run", "")), (None, None))
+        if started is not None:
+            stamps["row.started_at"] = started.timestamp()
+        if finished is not None:
+            stamps["row.finished_at"] = finished.timestamp()
+    return merged
 
 
 def throughput(port: int, targets: list[Target], runs: int, clients: int) -> dict[str, float]:
@@ -287,7 +336,7 @@ def _ok(flag: bool) -> str:
 
 
 def run(*, n: int, runs: int, web_workers: int, concurrency: dict[str, int], see: str, poll_ms: float,
-        skip: list[str], out: Callable[[str], None]) -> Table:  # fmt: skip
+        skip: list[str], out: Callable[[str], None], traced: bool = False) -> Table:  # fmt: skip
     from bench.engine_bench import Report, celery_baseline
     from workspaces.models import Role
     from workspaces.services import api_token_create, workspace_get_or_create
@@ -302,7 +351,9 @@ def run(*, n: int, runs: int, web_workers: int, concurrency: dict[str, int], see
     connection.close()  # the children must not inherit anything; the threads open their own
 
     table = Table()
-    with Topology(web_workers=web_workers, concurrency=concurrency) as topology:
+    if traced:
+        trace.clear(trace.trace_dir())
+    with Topology(web_workers=web_workers, concurrency=concurrency, traced=traced) as topology:
         out(f"starting the up topology on port {topology.port} ({web_workers} web workers, {concurrency})")
         topology.wait_ready()
         report = Report()
@@ -325,6 +376,12 @@ def run(*, n: int, runs: int, web_workers: int, concurrency: dict[str, int], see
         s50, s99 = pct(server, 0.5), pct(server, 0.99)
         table.add("run's own created_at → finished_at", f"p50 {s50:.2f} ms, p99 {s99:.2f} ms",
                   f"{s50 / c50:.2f}× p50, {s99 / c99:.2f}× p99")  # fmt: skip
+
+        if traced:
+            out(f"\nwhere the time of one fire → final goes (p50 of each segment over {n} traced fires):")
+            for pair, label, p50, samples in trace.segments(traced_latency(topology.port, one, seer, n)):
+                out(f"  {p50:8.2f} ms  {label}  [{pair}{'' if samples == n else f', {samples} samples'}]")
+            out("")
 
         if "throughput" not in skip:
             for clients in (8, 32):

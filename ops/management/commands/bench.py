@@ -25,6 +25,8 @@ class Command(BaseCommand):
         parser.add_argument("--web-workers", type=int, default=default_web_workers(), help="with --http")
         parser.add_argument("--see", choices=["db", "api"], default="db",
                             help="with --http: how the client sees a run final: poll the database, or GET the run")  # fmt: skip
+        parser.add_argument("--trace", action="store_true", help="with --http: stamp each stage of n more fires "
+                            "(web, broker, worker, client) and print the p50 of each segment (bench/trace.py)")  # fmt: skip
         parser.add_argument("--poll-ms", type=float, default=1.0, help="with --http: poll interval")
         parser.add_argument("--history", type=int, nargs="+", metavar="RUNS", help="seed run history up to each "
                             "size in turn (e.g. 10000 100000) and time every list over it (issue 19); test "
@@ -57,7 +59,7 @@ class Command(BaseCommand):
             concurrency = {queue: 1 for queue in QUEUES} | {"automations_fast": fast_concurrency}
             table = http_bench.run(n=n, runs=runs, web_workers=options["web_workers"], concurrency=concurrency,
                                    see=options["see"], poll_ms=options["poll_ms"], skip=skip,
-                                   out=self.stdout.write)  # fmt: skip
+                                   out=self.stdout.write, traced=options["trace"])  # fmt: skip
             self.stdout.write("\n" + table.markdown())
             return
 
