@@ -60,6 +60,8 @@ WHERE id = %(id)s AND (
 RETURNING *,
     (SELECT egress_allowlist FROM workspaces_workspace WHERE id = automations_run.workspace_id)
         AS claimed_egress_allowlist,
+    (SELECT default_autonomy FROM workspaces_workspace WHERE id = automations_run.workspace_id)
+        AS claimed_default_autonomy,
     EXISTS (SELECT 1 FROM automations_steprun WHERE run_id = automations_run.id) AS claimed_has_steps
 """
 
@@ -74,7 +76,7 @@ def claim(run_id: str, me: str, *, held: bool = False) -> Run | None:
     (not a recovery).
 
     One statement: the conditional UPDATE returns the run, its workspace's egress
-    allowlist (the only workspace field a step reads) and whether it has step rows
+    allowlist and default autonomy (the workspace fields a step reads) and whether it has step rows
     yet (``run.has_step_runs``: a fresh run has none to read).
     """
     now = timezone.now()
@@ -96,8 +98,8 @@ def claim(run_id: str, me: str, *, held: bool = False) -> Run | None:
         if isinstance(allowlist, str | bytes):  # raw annotations are not converted
             allowlist = json.loads(allowlist)
         # The workspace with only what a step reads; any other field loads on use.
-        run.workspace = Workspace.from_db(connection.alias, ["id", "egress_allowlist"],
-                                          [run.workspace_id, allowlist])  # fmt: skip
+        run.workspace = Workspace.from_db(connection.alias, ["id", "egress_allowlist", "default_autonomy"],
+                                          [run.workspace_id, allowlist, run.claimed_default_autonomy])  # fmt: skip
         run.has_step_runs = bool(run.claimed_has_steps)
         run.first_claim = run.started_at == now  # the COALESCE above kept an earlier start
         log_change(run.pk, RunStatus.RUNNING, detail=f"claimed by {me}")

@@ -23,7 +23,6 @@ from .expressions import template
 from .expressions.filter_grammar import FILTER_SCHEMA, validate_filter
 
 SCHEMA_VERSION = "1.0"
-DEFAULT_AUTONOMY = "A3"
 RESERVED_NAMES = frozenset({"inputs", "trigger", "run", "event"})
 INPUT_DEFAULT_TOKENS = frozenset({"$last_fired_at", "$now", "$creator"})
 MIN_SCHEDULE_INTERVAL_SECONDS = 60

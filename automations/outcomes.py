@@ -28,7 +28,6 @@ from audit.redaction import redact
 from capabilities.base import CostMeter, Envelope, ErrorCode, StepFailure
 from config import instruments
 
-from . import definition as defs
 from . import events, transient
 from .claim import LostClaim
 from .concurrency import run_settled
@@ -61,7 +60,9 @@ class RunRecorder:
         self.row_locked = False
         self._pending: dict[str, Any] = {}
         self.execution = run.snapshot.get("execution") or {}
-        self.autonomy = self.execution.get("autonomy", defs.DEFAULT_AUTONOMY)
+        # The definition's own autonomy, else the workspace's default as it is now: resolved
+        # each time a worker takes the run, never frozen into the definition (docs/concepts.md).
+        self.autonomy = self.execution.get("autonomy") or run.workspace.default_autonomy
         timeout = float(self.execution.get("timeout_seconds", DEFAULT_RUN_TIMEOUT))
         self.deadline = run.started_at + timedelta(seconds=timeout)
 

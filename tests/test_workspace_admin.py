@@ -28,6 +28,7 @@ def staff(user) -> Client:
 
 def _form(workspace, members, **changes) -> dict:
     data = {"name": workspace.name, "egress_allowlist": json.dumps(workspace.egress_allowlist),
+            "default_autonomy": workspace.default_autonomy,
             "memberships-TOTAL_FORMS": str(len(members)), "memberships-INITIAL_FORMS": str(len(members)),
             "memberships-MIN_NUM_FORMS": "0", "memberships-MAX_NUM_FORMS": "1000"}  # fmt: skip
     if workspace.four_eyes:
@@ -57,6 +58,21 @@ def test_a_workspace_admin_sets_four_eyes_and_the_allowlist_audited(workspace, o
     row = AuditEvent.objects.get(type="operator.workspace.updated")
     assert row.actor == "user:owner"
     assert row.payload["four_eyes"] == {"from": False, "to": True}
+
+
+def test_a_workspace_admin_sets_the_default_autonomy_audited(workspace, owner):
+    url = reverse("admin:workspaces_workspace_change", args=[workspace.pk])
+
+    refused = staff(owner).post(url, _form(workspace, _members(workspace), default_autonomy="A9"))
+    response = staff(owner).post(url, _form(workspace, _members(workspace), default_autonomy="A1"))
+
+    assert refused.status_code == 200  # the form again, with the error inline
+    assert "A9 is not one of the available choices" in refused.content.decode()
+    assert response.status_code == 302
+    workspace.refresh_from_db()
+    assert workspace.default_autonomy == "A1"
+    row = AuditEvent.objects.get(type="operator.workspace.updated")
+    assert row.payload == {"default_autonomy": {"from": "A3", "to": "A1"}}
 
 
 def test_a_bad_allowlist_entry_is_an_inline_error(workspace, owner):

@@ -1,4 +1,4 @@
-"""Workspaces and their members in the admin: roles, four-eyes and the egress allowlist.
+"""Workspaces and their members in the admin: roles, four-eyes, default autonomy and the egress allowlist.
 
 Every write goes through ``workspaces.services`` (audited); a workspace is managed by its
 ``admin`` members (and superusers), and only superusers create workspaces.
@@ -27,7 +27,9 @@ class WorkspaceForm(forms.ModelForm):
 
     class Meta:
         model = Workspace
-        fields = ["slug", "name", "four_eyes", "egress_allowlist"]
+        fields = ["slug", "name", "four_eyes", "default_autonomy", "egress_allowlist"]
+        help_texts = {"default_autonomy": "For automations whose definition sets no execution.autonomy; "
+                                          "read each time a step is gated, so it applies to their next steps."}  # fmt: skip
 
     def clean_egress_allowlist(self):
         value = self.cleaned_data.get("egress_allowlist")
@@ -61,7 +63,7 @@ class MembershipInline(admin.TabularInline):
 @admin.register(Workspace)
 class WorkspaceAdmin(admin.ModelAdmin):
     form = WorkspaceForm
-    list_display = ["slug", "name", "four_eyes", "members", "created_at"]
+    list_display = ["slug", "name", "four_eyes", "default_autonomy", "members", "created_at"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]
 
@@ -97,7 +99,8 @@ class WorkspaceAdmin(admin.ModelAdmin):
             obj.pk = created.pk
         workspace = Workspace.objects.get(pk=obj.pk)
         services.workspace_update(workspace=workspace, user=request.user, name=data["name"],
-                                  four_eyes=data["four_eyes"], egress_allowlist=data["egress_allowlist"])  # fmt: skip
+                                  four_eyes=data["four_eyes"], egress_allowlist=data["egress_allowlist"],
+                                  default_autonomy=data["default_autonomy"])  # fmt: skip
         obj.refresh_from_db()
 
     def save_formset(self, request, form, formset, change):

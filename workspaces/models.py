@@ -33,6 +33,19 @@ ROLE_PERMISSIONS: dict[str, frozenset[str]] = {
 }
 
 
+class Autonomy(models.TextChoices):
+    """The gate matrix's rows (SPEC §7.3): how much an automation may do without a human."""
+
+    A0 = "A0", "A0: preview everything"
+    A1 = "A1", "A1: confirm every step, block critical"
+    A2 = "A2", "A2: allow low risk, confirm medium and high"
+    A3 = "A3", "A3: allow up to medium, confirm high"
+    A4 = "A4", "A4: allow up to high, confirm critical"
+
+
+DEFAULT_AUTONOMY = Autonomy.A3
+
+
 class Workspace(models.Model):
     slug = models.SlugField(max_length=64, unique=True)
     name = models.CharField(max_length=200)
@@ -40,6 +53,9 @@ class Workspace(models.Model):
     egress_allowlist = models.JSONField(default=list, blank=True)
     # Four-eyes: whoever triggered a run or last edited its automation cannot approve its steps.
     four_eyes = models.BooleanField(default=False)
+    # The gate row of every automation here whose definition sets no execution.autonomy, read
+    # when a worker gates a step (docs/concepts.md), so a change reaches them without a re-save.
+    default_autonomy = models.CharField(max_length=2, choices=Autonomy.choices, default=DEFAULT_AUTONOMY)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

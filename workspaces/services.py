@@ -14,7 +14,7 @@ from rest_framework.authtoken.models import Token
 from audit import writer
 from config.errors import InvalidArgument
 
-from .models import Membership, Role, Workspace
+from .models import Autonomy, Membership, Role, Workspace
 
 
 def _trace() -> str:
@@ -82,10 +82,20 @@ def egress_allowlist_check(value: Any) -> list[str]:
     return clean
 
 
+def autonomy_check(value: Any) -> str:
+    if value not in Autonomy.values:
+        raise InvalidArgument([{"path": "/default_autonomy", "code": "invalid_choice",
+                                "message": f"{value!r} is not one of {', '.join(Autonomy.values)}"}])  # fmt: skip
+    return value
+
+
 @transaction.atomic
 def workspace_update(*, workspace: Workspace, user=None, name: str | None = None, four_eyes: bool | None = None,
-                     egress_allowlist: Any = None) -> Workspace:  # fmt: skip
-    """Change a workspace's settings; one audit row naming what changed (before and after)."""
+                     egress_allowlist: Any = None, default_autonomy: str | None = None) -> Workspace:  # fmt: skip
+    """Change a workspace's settings; one audit row naming what changed (before and after).
+
+    Every value is checked before anything is written: one bad field changes nothing.
+    """
     workspace = Workspace.objects.select_for_update().get(pk=workspace.pk)
     wanted: dict[str, Any] = {}
     if name is not None:
@@ -94,6 +104,8 @@ def workspace_update(*, workspace: Workspace, user=None, name: str | None = None
         wanted["four_eyes"] = bool(four_eyes)
     if egress_allowlist is not None:
         wanted["egress_allowlist"] = egress_allowlist_check(egress_allowlist)
+    if default_autonomy is not None:
+        wanted["default_autonomy"] = autonomy_check(default_autonomy)
     changes = {field: {"from": getattr(workspace, field), "to": value}
                for field, value in wanted.items() if getattr(workspace, field) != value}  # fmt: skip
     if not changes:

@@ -77,3 +77,41 @@ def test_only_a_superuser_creates_a_workspace(api):
     assert refused.status_code == 403
     assert created.status_code == 201
     assert Membership.objects.get(workspace__slug="new-one").user == root
+
+
+def test_an_admin_sets_the_default_autonomy_audited(api, workspace):
+    assert api.get("/api/v1/workspaces/acme").json()["default_autonomy"] == "A3"
+
+    response = api.patch("/api/v1/workspaces/acme", {"default_autonomy": "A1"}, format="json")
+
+    assert response.status_code == 200
+    assert response.json()["default_autonomy"] == "A1"
+    workspace.refresh_from_db()
+    assert workspace.default_autonomy == "A1"
+    audited = AuditEvent.objects.get(type="operator.workspace.updated")
+    assert audited.payload == {"default_autonomy": {"from": "A3", "to": "A1"}}
+
+
+@pytest.mark.parametrize("bad", ["A5", "a2", "", 3, None])
+def test_a_bad_default_autonomy_is_a_located_400_and_changes_nothing(api, workspace, bad):
+    response = api.patch(
+        "/api/v1/workspaces/acme", {"default_autonomy": bad, "four_eyes": True}, format="json"
+    )
+
+    assert response.status_code == 400
+    assert response.json()["errors"][0]["path"] == "/default_autonomy"
+    assert response.json()["errors"][0]["code"] == "INVALID_ARGUMENT"
+    workspace.refresh_from_db()
+    assert (workspace.default_autonomy, workspace.four_eyes) == ("A3", False)
+    assert not AuditEvent.objects.filter(type="operator.workspace.updated").exists()
+
+
+def test_an_operator_cannot_change_the_default_autonomy(workspace, operator):
+    response = client_for(operator).patch(
+        "/api/v1/workspaces/acme", {"default_autonomy": "A4"}, format="json"
+    )
+
+    assert response.status_code == 403
+    assert response.json()["error"]["code"] == "PERMISSION_DENIED"
+    workspace.refresh_from_db()
+    assert workspace.default_autonomy == "A3"

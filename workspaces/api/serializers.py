@@ -2,13 +2,13 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from ..models import Membership, Role, Workspace
+from ..models import Autonomy, Membership, Role, Workspace
 
 
 class WorkspaceOut(serializers.ModelSerializer):
     class Meta:
         model = Workspace
-        fields = ["slug", "name", "four_eyes", "egress_allowlist", "created_at"]
+        fields = ["slug", "name", "four_eyes", "egress_allowlist", "default_autonomy", "created_at"]
 
 
 class WorkspaceListOut(serializers.ModelSerializer):
@@ -28,6 +28,10 @@ class WorkspacePatch(serializers.Serializer):
     name = serializers.CharField(max_length=200, required=False)
     four_eyes = serializers.BooleanField(required=False)
     egress_allowlist = serializers.JSONField(required=False, help_text="host names, IP addresses or CIDRs")
+    default_autonomy = serializers.ChoiceField(
+        choices=Autonomy.values, required=False,
+        help_text="the gate row of automations here whose definition sets no execution.autonomy",
+    )  # fmt: skip
 
 
 class MemberOut(serializers.ModelSerializer):
