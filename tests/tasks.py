@@ -16,3 +16,20 @@ def sleep(seconds: float, pid_file: str | None = None) -> int:
         Path(pid_file).write_text(str(os.getpid()))
     time.sleep(seconds)
     return os.getpid()
+
+
+_connections: list[object] = []  # held, so that a closed connection's id() is never reused
+
+
+@shared_task(name="tests.database_session", ignore_result=False)
+def database_session() -> str:
+    """Which database session this pool process used: PostgreSQL's backend pid, else the connection's identity."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_backend_pid()")
+            return f"pg:{cursor.fetchone()[0]}"
+        cursor.execute("SELECT 1")
+    _connections.append(connection.connection)
+    return f"{os.getpid()}:{id(connection.connection)}"
