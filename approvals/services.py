@@ -73,7 +73,7 @@ def _refs(approval: Approval) -> dict[str, str]:
 
 def _resume_on_commit(run_id: Any, reason: str) -> None:
     run, why = str(run_id), reason
-    transaction.on_commit(lambda: app.send_task(RESUME_TASK, args=[run, why]))
+    transaction.on_commit(lambda: app.send_task(RESUME_TASK, args=[run, why], ignore_result=True))
 
 
 # --- deciding --------------------------------------------------------------------

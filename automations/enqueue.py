@@ -46,8 +46,14 @@ RELAY_BATCH = 500
 
 
 def publish_run(run_id: str, queue: str, *, countdown: float | None = None) -> None:
-    """Send the execute message now (callers outside a transaction, e.g. a relay)."""
-    app.send_task(EXECUTE_TASK, args=[run_id], queue=queue, countdown=countdown)
+    """Send the execute message now (callers outside a transaction, e.g. a relay).
+
+    ``ignore_result``: ``send_task`` does not read ``task_ignore_result``, and without
+    it a Redis result backend SUBSCRIBEs to the task's result channel on every publish
+    (and UNSUBSCRIBEs later): two more round trips on the fire's path for a result
+    nobody reads (the run row is the result).
+    """
+    app.send_task(EXECUTE_TASK, args=[run_id], queue=queue, countdown=countdown, ignore_result=True)
 
 
 def _publish_committed(run_id: str, queue: str, countdown: float | None) -> None:

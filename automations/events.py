@@ -180,7 +180,7 @@ def publish_event(
 def send_delivery(event_id: str) -> bool:
     """Queue one delivery; a broker that is down is logged, not raised: the relay sends it later."""
     try:
-        app.send_task(DELIVER_TASK, args=[event_id])
+        app.send_task(DELIVER_TASK, args=[event_id], ignore_result=True)
     except Exception as exc:  # kombu/redis raise several types; the event row is the record
         logger.warning("delivery of event %s not queued (%r); the relay will send it", event_id, exc)
         return False
