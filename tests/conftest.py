@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from urllib.parse import urlparse
@@ -33,6 +34,7 @@ from workspaces.services import workspace_get_or_create
 
 from . import live
 from .factories import Driver, client_for, member
+from .mcp_servers import HttpMcpServer
 
 logger = logging.getLogger(__name__)
 
@@ -264,3 +266,22 @@ def drive(request, db) -> Driver:
     """The real executor in-process: ``drive(run_id)`` runs a run to rest; ``drive.automation(doc)``,
     ``drive.start(automation)``, ``drive.decide(approval, user)``, ``drive.resume(run)`` (tests/factories.py)."""
     return Driver(request)
+
+
+# --- a real MCP server -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def _shared_mcp_http(tmp_path_factory) -> Iterator[HttpMcpServer]:
+    server = HttpMcpServer(tmp_path_factory.mktemp("mcp") / "notes.txt").start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def mcp_http(_shared_mcp_http) -> HttpMcpServer:
+    """The module's HTTP MCP server (default variant), with no notes written yet. Do not stop or restart it."""
+    if _shared_mcp_http.process is None or _shared_mcp_http.process.poll() is not None:
+        _shared_mcp_http.start()
+    _shared_mcp_http.notes.unlink(missing_ok=True)
+    return _shared_mcp_http

@@ -77,25 +77,23 @@ def http_step(step_id: str, url: str, method: str = "GET", **extra: Any) -> dict
 
 
 # Steps of each risk (approvals.policy.step_risk), by whole tokens only (a step id is a label):
-#   low      GET to url                               (a read)
-#   medium   POST to url                              (an external write); at A2 it needs approval
-#   high     run_python granted the network, POSTing to url (network from a sandbox: at least high;
-#            it runs only where bubblewrap works and AUTOPLANE_SANDBOX_ALLOW_NETWORK is on)
-#   critical DELETE to url                            (http_request: DELETE is high; a destructive method: + 1)
-RISK_STEPS = {"low": ("fetch", "GET"), "medium": ("create_item", "POST"), "critical": ("erase", "DELETE")}
+#   low      GET to url      (a read)
+#   medium   POST to url     (an external write); at A2 it needs approval
+#   high     DELETE to url   (an external write, medium; "DELETE is a destructive method": + 1)
+#   critical critical_step(): the test MCP server's ``delete_note`` tool (an MCP tool is high until
+#            an operator lowers it; its name's segment "delete" is a destructive verb: + 1)
+RISK_STEPS = {"low": ("fetch", "GET"), "medium": ("create_item", "POST"), "high": ("erase", "DELETE")}
 
 
 def risk_step(risk: str, url: str) -> dict:
-    if risk == "high":
-        code = ("import urllib.request\n"
-                f"urllib.request.urlopen(urllib.request.Request({url!r}, data=b'{{}}', method='POST'), timeout=10)")  # fmt: skip
-        return {
-            "step_id": "post_from_code",
-            "action": "run_python",
-            "config": {"code": code, "network": "allow"},
-        }
     step_id, method = RISK_STEPS[risk]
     return http_step(step_id, url, method)
+
+
+def critical_step(note: str) -> dict:
+    """Deletes ``note`` through tests/capabilities/mcp_test_server.py's ``delete_note``, harvested as ``files``."""
+    return {"step_id": "purge", "action": "call_capability",
+            "config": {"capability": "files.delete_note", "args": {"text": note}}}  # fmt: skip
 
 
 # --- triggers -----------------------------------------------------------------------------

@@ -83,9 +83,10 @@ def describe(config: Mapping[str, Any]) -> Capability:
             idempotent=True,
             expected_duration_seconds=duration,
         )
-    # DELETE is idempotent per HTTP but destructive; an unknown (templated)
-    # method is described as the worst case.
-    risk = Risk.MEDIUM if method in {"POST", "PUT", "PATCH"} else Risk.HIGH
+    # Every write is medium here, DELETE too: that DELETE is destructive is the risk
+    # policy's rule, which raises it once and says so (approvals.policy). An unknown
+    # (templated) method is described as the worst case.
+    risk = Risk.MEDIUM if method in METHODS else Risk.HIGH
     return Capability(
         id="http_request",
         side_effects=frozenset({SideEffect.EXTERNAL_WRITE}),

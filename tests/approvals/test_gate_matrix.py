@@ -1,21 +1,20 @@
 """The gate matrix end to end: 5 autonomy levels × 4 risks through the real executor.
 
-The side effect is a request to a local HTTP server; each case has its own path.
+The side effect is a request to a local HTTP server, each case on a path of its
+own; for the critical step, a note deleted by a real MCP server's destructive tool.
 """
 
 from __future__ import annotations
-
-import json
 
 import pytest
 
 from approvals import policy
 from approvals.models import Approval, ApprovalStatus
+from automations.definition import describe_step
 from automations.models import DomainEvent
-from capabilities import registry
+from capabilities import mcp, registry
 from capabilities.base import Risk
-from capabilities.sandbox import BubblewrapBackend
-from tests.factories import audit_types, definition, risk_step
+from tests.factories import audit_types, critical_step, definition, risk_step
 
 LEVELS = ["A0", "A1", "A2", "A3", "A4"]
 RISKS = ["low", "medium", "high", "critical"]
@@ -29,35 +28,42 @@ EXPECTED = {
 }
 
 
-def test_risk_steps_have_the_risk_they_are_named_for():
-    from automations.definition import describe_step
+@pytest.fixture
+def files(workspace, mcp_http):
+    """The test MCP server's tools in ``workspace`` as ``files.*`` (the critical step deletes a note there)."""
+    mcp.mcp_harvest(mcp.mcp_server_create(workspace=workspace, slug="files", transport="http", url=mcp_http.url))
+    return mcp_http
 
+
+def step_of(risk: str, request, target, path: str):
+    """A step of ``risk`` and how many times its side effect happened so far."""
+    if risk != "critical":
+        return risk_step(risk, target.url(path)), lambda: target.count(path)
+    files = request.getfixturevalue("files")
+    files.notes.write_text(f"{path}\n")
+    return critical_step(path), lambda: 0 if path in files.notes_written() else 1
+
+
+def test_risk_steps_have_the_risk_they_are_named_for(request, workspace, target):
     for risk in RISKS:
-        step = risk_step(risk, "http://127.0.0.1/x")
+        step, _ = step_of(risk, request, target, f"/named-{risk}")
         action = registry.get_action(step["action"])
-        computed, _ = policy.step_risk(describe_step(step), action.risk_inputs(step["config"]),
-                                       recipients=len(action.notifies(step["config"])))  # fmt: skip
+        computed, reasons = policy.step_risk(describe_step(step, workspace.id), action.risk_inputs(step["config"]),
+                                             recipients=len(action.notifies(step["config"])))  # fmt: skip
         assert computed == Risk.parse(risk), risk
+        assert len(reasons) == (1 if risk in ("high", "critical") else 0), reasons
 
 
 @pytest.mark.parametrize("risk", RISKS)
 @pytest.mark.parametrize("autonomy", LEVELS)
-def test_gate_matrix_end_to_end(drive, target, path_for, autonomy, risk, settings):
+def test_gate_matrix_end_to_end(request, drive, target, path_for, autonomy, risk):
     expected = EXPECTED[autonomy][RISKS.index(risk)]
-    if risk == "high" and expected == "allow":  # the high step (code with the network) runs
-        if not BubblewrapBackend().available():
-            pytest.skip("bubblewrap cannot start a sandbox here")
-        settings.AUTOPLANE_SANDBOX_ALLOW_NETWORK = True
-    path = path_for(f"{autonomy}-{risk}")
-    step_id = risk_step(risk, "")["step_id"]
-    automation = drive.automation(definition(risk_step(risk, target.url(path)), autonomy=autonomy))
+    step_doc, performed = step_of(risk, request, target, path_for(f"{autonomy}-{risk}"))
+    automation = drive.automation(definition(step_doc, autonomy=autonomy))
 
     run = drive.start(automation)
 
-    def performed() -> int:
-        return target.count(path)
-
-    step = drive.step(run, step_id)
+    step = drive.step(run, step_doc["step_id"])
     approvals = Approval.objects.filter(run_id=run.pk)
     if expected == "allow":
         assert run.status == "succeeded", run.error
@@ -71,15 +77,14 @@ def test_gate_matrix_end_to_end(drive, target, path_for, autonomy, risk, setting
         approval = approvals.get()
         assert approval.status == ApprovalStatus.PENDING
         assert approval.risk == risk
-        if risk != "high":
-            assert approval.what == {"method": RISK_METHOD[risk], "url": target.url(path)}
-        assert approval.step_id == step_id
+        assert approval.what == step_doc["config"]
+        assert approval.step_id == step_doc["step_id"]
         assert "gate.required" in audit_types(run.trace_id)
     elif expected == "preview":
         assert run.status == "succeeded", run.error
         assert step.status == "succeeded"
         assert step.output["data"]["preview"] is True
-        assert target.url(path) in json.dumps(step.output["data"]["rendered_config"])
+        assert step.output["data"]["rendered_config"] == step_doc["config"]
         assert performed() == 0
         assert not approvals.exists()
     else:
@@ -90,19 +95,16 @@ def test_gate_matrix_end_to_end(drive, target, path_for, autonomy, risk, setting
         assert not approvals.exists()
 
 
-RISK_METHOD = {"low": "GET", "medium": "POST", "critical": "DELETE"}
-
-
-def test_confirmed_step_runs_after_approval(drive, people, target, path_for):
-    path = path_for("approved")
-    automation = drive.automation(definition(risk_step("critical", target.url(path)), autonomy="A4"))
-    run = drive.start(automation)
+def test_confirmed_step_runs_after_approval(request, drive, people, target, path_for):
+    step_doc, performed = step_of("critical", request, target, path_for("approved"))
+    run = drive.start(drive.automation(definition(step_doc, autonomy="A4")))
 
     drive.decide(drive.approval(run), people.alice)
     run = drive.resume(run)
 
     assert run.status == "succeeded", run.error
-    assert target.count(path) == 1
+    assert run.output == {"deleted": 1}
+    assert performed() == 1
     assert drive.approval(run).status == ApprovalStatus.CONSUMED
     types = audit_types(run.trace_id)
     assert types.index("approval.approved") < types.index("approval.consumed") < types.index("step.succeeded")

@@ -7,9 +7,9 @@ import pytest
 from approvals import policy
 from automations.definition import describe_step
 from automations.steps import risk_for
-from capabilities import registry
+from capabilities import mcp, registry
 from capabilities.base import Capability, Risk, RiskInputs, SideEffect
-from tests.factories import definition, http_step, risk_step
+from tests.factories import critical_step, definition, http_step
 
 
 def risk_of(step: dict) -> tuple[Risk, list[str]]:
@@ -59,30 +59,39 @@ def test_capability_ids_raise_risk_only_by_whole_segments(capability_id, raised)
     assert bool(reasons) is raised
 
 
+def _http(method: str) -> dict:
+    return {"step_id": "fetch_all", "action": "http_request", "config": {"method": method, "url": "http://x/"}}
+
+
+def _email(count: int, cc: int = 0) -> dict:
+    config = {"to": [f"p{i}@x.io" for i in range(count)], "subject": "s", "body": "b"}
+    if cc:
+        config["cc"] = [f"c{i}@x.io" for i in range(cc)]
+    return {"step_id": "notify_everyone", "action": "send_email", "config": config}
+
+
+# One fact raises the risk once, by one rule, with one explanation: the action describes the
+# capability (an HTTP write, an email: medium) and the policy's rule alone raises it.
 @pytest.mark.parametrize(
-    ("method", "expected"), [("GET", Risk.LOW), ("POST", Risk.MEDIUM), ("DELETE", Risk.CRITICAL)]
+    ("step", "expected", "reasons"),
+    [
+        (_http("GET"), Risk.LOW, []),
+        (_http("HEAD"), Risk.LOW, []),
+        (_http("POST"), Risk.MEDIUM, []),
+        (_http("PUT"), Risk.MEDIUM, []),
+        (_http("PATCH"), Risk.MEDIUM, []),
+        (_http("DELETE"), Risk.HIGH, ["DELETE is a destructive method: risk medium → high"]),
+        (_http("delete"), Risk.HIGH, ["DELETE is a destructive method: risk medium → high"]),
+        (_email(1), Risk.MEDIUM, []),
+        (_email(10), Risk.MEDIUM, []),
+        (_email(11), Risk.HIGH, ["an external write to 11 recipients (more than 10): risk medium → high"]),
+        (_email(8, cc=3), Risk.HIGH, ["an external write to 11 recipients (more than 10): risk medium → high"]),
+        (_email(50), Risk.HIGH, ["an external write to 50 recipients (more than 10): risk medium → high"]),
+    ],
+    ids=lambda value: None if isinstance(value, dict) else str(value),
 )
-def test_http_method_is_a_token(method, expected):
-    step = {
-        "step_id": "fetch_all",
-        "action": "http_request",
-        "config": {"method": method, "url": "http://x/"},
-    }
-
-    assert risk_of(step)[0] == expected
-
-
-def test_delete_raise_is_explained():
-    step = {
-        "step_id": "cleanup",
-        "action": "http_request",
-        "config": {"method": "DELETE", "url": "http://x/a"},
-    }
-
-    risk, reasons = risk_of(step)
-
-    assert risk == Risk.CRITICAL
-    assert reasons == ["DELETE is a destructive method: risk high → critical"]
+def test_one_fact_raises_the_risk_once_and_says_why(step, expected, reasons):
+    assert risk_of(step) == (expected, reasons)
 
 
 def test_network_from_a_sandbox_is_at_least_high_and_says_so():
@@ -94,19 +103,24 @@ def test_network_from_a_sandbox_is_at_least_high_and_says_so():
     assert reasons == ["network access from a sandbox: risk low → high"]
 
 
-def test_a_delete_refused_at_a3_says_which_rule_raised_it(drive, target, path_for):
-    path = path_for("delete")
-    run = drive.start(drive.automation(definition(http_step("cleanup", target.url(path), "DELETE"))))
+def test_a_refusal_says_which_rule_raised_the_risk(request, drive, workspace, mcp_http):
+    mcp.mcp_harvest(mcp.mcp_server_create(workspace=workspace, slug="files", transport="http", url=mcp_http.url))
+    mcp_http.notes.write_text("keep me\n")
+    run = drive.start(drive.automation(definition(critical_step("keep me"))))  # A3: critical is blocked
 
     assert run.status == "failed"
     assert run.error["code"] == "POLICY_VIOLATION"
-    assert "DELETE is a destructive method: risk high → critical" in run.error["message"]
-    assert target.count(path) == 0
+    assert "capability files.delete_note names a destructive verb (delete): risk high → critical" in (
+        run.error["message"]
+    )
+    assert mcp_http.notes_written() == ["keep me"]
 
 
 def test_an_approval_says_which_rule_raised_the_risk(drive, target, path_for):
-    run = drive.start(
-        drive.automation(definition(risk_step("critical", target.url(path_for("a4"))), autonomy="A4"))
-    )
+    path = path_for("delete")
+    run = drive.start(drive.automation(definition(http_step("cleanup", target.url(path), "DELETE"))))
 
-    assert "DELETE is a destructive method: risk high → critical" in drive.approval(run).why
+    assert run.status == "awaiting_approval"  # A3: high asks a human
+    assert drive.approval(run).why.count("→") == 1  # one fact, one raise
+    assert "DELETE is a destructive method: risk medium → high" in drive.approval(run).why
+    assert target.count(path) == 0

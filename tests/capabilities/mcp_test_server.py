@@ -5,6 +5,7 @@
 
 Environment:
     MCP_TEST_NOTES    file that ``write_note`` appends one line to per call (counts side effects)
+                      and ``delete_note`` deletes lines from
     MCP_TEST_VARIANT  "changed" serves ``read_file`` with another description (rug-pull test);
                       "fewer" stops offering ``write_note``
     MCP_TEST_TOKEN    what ``echo_secret`` reports as its environment value (stdio credentials)
@@ -50,6 +51,16 @@ if VARIANT != "fewer":
         """Wait, then append a note (for timeouts after the call was sent)."""
         await anyio.sleep(seconds)
         return write_note(text)
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=False, destructiveHint=True))
+def delete_note(text: str) -> dict:
+    """Delete every note equal to ``text``; returns how many were deleted (a destructive tool)."""
+    notes = Path(os.environ["MCP_TEST_NOTES"])
+    lines = notes.read_text().splitlines() if notes.exists() else []
+    kept = [line for line in lines if line != text]
+    notes.write_text("".join(f"{line}\n" for line in kept))
+    return {"deleted": len(lines) - len(kept)}
 
 
 @server.tool(annotations=ToolAnnotations(readOnlyHint=True))

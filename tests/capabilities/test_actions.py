@@ -173,7 +173,7 @@ def test_native_capabilities_load_from_the_registry() -> None:
         ("HEAD", SideEffect.READ, Risk.LOW, True),
         ("OPTIONS", SideEffect.READ, Risk.LOW, True),
         ("PUT", SideEffect.EXTERNAL_WRITE, Risk.MEDIUM, True),
-        ("DELETE", SideEffect.EXTERNAL_WRITE, Risk.HIGH, True),
+        ("DELETE", SideEffect.EXTERNAL_WRITE, Risk.MEDIUM, True),  # the policy raises it (test_risk_tokens)
         ("POST", SideEffect.EXTERNAL_WRITE, Risk.MEDIUM, False),
         ("PATCH", SideEffect.EXTERNAL_WRITE, Risk.MEDIUM, False),
         ("{{ inputs.method }}", SideEffect.EXTERNAL_WRITE, Risk.HIGH, False),
@@ -668,15 +668,16 @@ def test_send_email_message_id_is_stable_per_step(mailoutbox) -> None:
     assert first.from_email == "ops@example.org"
 
 
-def test_send_email_risk_rises_with_many_recipients() -> None:
+def test_send_email_describes_a_write_and_leaves_many_recipients_to_the_policy() -> None:
     few = send_email.describe({"to": ["a@x.io"] * 10})
     many = send_email.describe({"to": ["a@x.io"] * 8, "cc": ["b@x.io"] * 3})
 
     assert few.side_effects == frozenset({SideEffect.EXTERNAL_WRITE, SideEffect.USER_VISIBLE})
     assert (few.risk, few.idempotent) == (Risk.MEDIUM, False)
-    assert many.risk == Risk.HIGH
-    assert "many recipients" in many.description
-    assert send_email.describe({"to": "{{ inputs.to }}"}).risk == Risk.HIGH
+    assert many.risk == Risk.MEDIUM  # raised once, by approvals.policy (tests/approvals/test_risk_tokens.py)
+    templated = send_email.describe({"to": "{{ inputs.to }}"})
+    assert templated.risk == Risk.HIGH
+    assert "unknown number of recipients" in templated.description
 
 
 @pytest.mark.parametrize(

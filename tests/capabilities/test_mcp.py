@@ -29,7 +29,7 @@ from tests.factories import client_for
 pytestmark = pytest.mark.django_db
 
 SECRET = "mcp-secret-4c1d9e8f7a6b"
-TOOLS = {"read_file", "write_note", "slow_note", "echo_secret", "fail"}
+TOOLS = {"read_file", "write_note", "slow_note", "delete_note", "echo_secret", "fail"}
 
 
 # --- helpers ---------------------------------------------------------------------------
