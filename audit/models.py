@@ -13,6 +13,33 @@ from django.db.models import F, Q
 from django.db.models.fields.json import KeyTextTransform
 
 
+class HexHashField(models.CharField):
+    """A sha256 digest: 64 hex characters to Python, the API and exports; its 32 bytes in the database.
+
+    Stored as ``bytea`` (PostgreSQL) / BLOB (SQLite), half the size of the hex text in
+    the row and in any index. ``""`` (the entry hash of rows written before the
+    sequencer existed) is stored as empty bytes.
+    """
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("max_length", 64)
+        super().__init__(*args, **kwargs)
+
+    def get_internal_type(self) -> str:
+        return "BinaryField"
+
+    def from_db_value(self, value, expression, connection):
+        if value is None or isinstance(value, str):
+            return value
+        return bytes(value).hex()
+
+    def get_db_prep_value(self, value, connection, prepared=False):
+        value = super().get_db_prep_value(value, connection, prepared)
+        if value is None or isinstance(value, bytes | memoryview):
+            return value
+        return bytes.fromhex(value)
+
+
 class Outcome(models.TextChoices):
     SUCCESS = "success"
     FAILURE = "failure"
@@ -36,12 +63,14 @@ class AuditEvent(models.Model):
     refs = models.JSONField(default=dict, blank=True)
     actor = models.CharField(max_length=200, default="system")
     payload = models.JSONField(default=dict, blank=True)
-    prev_hash = models.CharField(max_length=64, null=True, blank=True)
-    hash = models.CharField(max_length=64, unique=True, null=True, blank=True)
+    prev_hash = HexHashField(null=True, blank=True)
+    # Not unique: (chain, seq) is, and the hash covers both; a unique index on random
+    # digests cost ~1 KB per run and no query looks an event up by its hash alone.
+    hash = HexHashField(null=True, blank=True)
     # sha256 of the entry's content, sealed at append (see audit.writer.entry_hash):
     # the sequencer refuses to chain an entry whose content no longer matches it.
     # Empty only on entries written before the sequencer existed (chained at append).
-    entry_hash = models.CharField(max_length=64, blank=True, default="")
+    entry_hash = HexHashField(blank=True, default="")
 
     class Meta:
         ordering = ["id"]

@@ -64,7 +64,12 @@ def _lock_head(chain: str) -> AuditChainHead | None:
 def _fill(rows: list[tuple[int, int, str, str]]) -> int:
     """Set (seq, prev_hash, hash) on still-unsequenced rows in one statement; returns the rows changed."""
     values = ", ".join(["(%s, %s, %s, %s)"] * len(rows))
-    params = [value for row in rows for value in row]
+    # The hashes go in as bytes (audit.models.HexHashField's storage).
+    params = [
+        v
+        for event_id, seq, prev_hash, digest in rows
+        for v in (event_id, seq, bytes.fromhex(prev_hash), bytes.fromhex(digest))
+    ]
     if connection.vendor == "postgresql":
         fill = "SET seq = v.seq, prev_hash = v.prev_hash, hash = v.hash"
         sql = f"UPDATE audit_auditevent AS e {fill} FROM (VALUES {values}) AS v(id, seq, prev_hash, hash) "  # noqa: S608

@@ -152,7 +152,7 @@ def _insert(connection, entries: list[dict[str, Any]], *, events: bool = True) -
         params += [
             fields["chain"], timestamp, fields["trace_id"], fields["stage"], fields["type"], fields["summary"],
             fields["outcome"], fields["workspace_id"], canonical_json(fields["refs"]), fields["actor"],
-            canonical_json(fields["payload"]), fields["entry_hash"],
+            canonical_json(fields["payload"]), bytes.fromhex(fields["entry_hash"]),
         ]  # fmt: skip
     # Placeholders only: no value is ever formatted into the statement.
     rows = ", ".join([row] * len(entries))

@@ -31,7 +31,7 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from audit.models import AuditChainHead, AuditEvent
+from audit.models import AuditChainHead, AuditEvent, HexHashField
 from audit.verify import verify_chain
 from audit.writer import chain_for, event_hash
 from automations.models import Automation, Run, StepRun
@@ -92,15 +92,19 @@ def _layout(model, values: dict) -> tuple[list[str], list[tuple[str, Any, bool]]
         if field.primary_key and field.attname not in values:
             continue
         columns.append(f'"{field.column}"')
-        layout.append((field.attname, field.get_default(), isinstance(field, models.JSONField)))
+        layout.append((field.attname, field.get_default(), field))
     return columns, layout
 
 
 def _row(layout, values: dict) -> list:
     row = []
-    for attname, default, is_json in layout:
+    for attname, default, field in layout:
         value = values.get(attname, default)
-        row.append(json.dumps(value) if is_json and value is not None else value)
+        if value is not None and isinstance(field, models.JSONField):
+            value = json.dumps(value)
+        elif isinstance(field, HexHashField):  # hex in Python, bytes in the table
+            value = field.get_db_prep_value(value, connection)
+        row.append(value)
     return row
 
 

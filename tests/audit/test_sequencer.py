@@ -95,13 +95,13 @@ def test_the_database_refuses_changes_but_the_one_time_fill(tamper):
     _refused("DELETE FROM audit_auditevent WHERE id = %s", [waiting.id])
     _refused(
         "UPDATE audit_auditevent SET seq = 1, prev_hash = %s, hash = %s, summary = 'x' WHERE id = %s",
-        ["0" * 64, "a" * 64, waiting.id],
+        [bytes(32), b"\xaa" * 32, waiting.id],
     )
     # the sequencer's fill: allowed once; a second fill or a change of a sequenced row: refused
     sequence_pending()
     sequenced = AuditEvent.objects.get(pk=waiting.id)
     _refused("UPDATE audit_auditevent SET seq = 7 WHERE id = %s", [sequenced.id])
-    _refused("UPDATE audit_auditevent SET hash = %s WHERE id = %s", ["b" * 64, sequenced.id])
+    _refused("UPDATE audit_auditevent SET hash = %s WHERE id = %s", [b"\xbb" * 32, sequenced.id])
     _refused("DELETE FROM audit_auditevent WHERE id = %s", [sequenced.id])
     assert verify_chain("ws-1").ok
 

@@ -58,7 +58,7 @@ def test_altered_row_with_recomputed_hash_breaks_the_next_link(tamper):
     with connection.cursor() as cursor:  # a careful attacker reseals the entry and rehashes the row
         cursor.execute(
             "UPDATE audit_auditevent SET hash = %s, entry_hash = %s WHERE id = %s",
-            [writer.event_hash(fields), writer.entry_hash(fields), row.id],
+            [bytes.fromhex(writer.event_hash(fields)), bytes.fromhex(writer.entry_hash(fields)), row.id],
         )
     result = verify_chain("ws-1")
     assert result.broken.event_id == events[2].id
