@@ -113,6 +113,25 @@ def test_members_are_added_re_roled_and_removed_through_the_services(workspace, 
     assert kinds.count(("operator.membership.role_changed", "user:owner")) == 2
 
 
+@pytest.mark.parametrize("change", ["demote", "delete"])
+def test_the_last_admin_cannot_be_demoted_or_removed_and_nothing_is_saved(workspace, owner, viewer, change):
+    url = reverse("admin:workspaces_workspace_change", args=[workspace.pk])
+    members = _members(workspace)
+    index = {m.user_id: i for i, m in enumerate(members)}
+    edit = {f"memberships-{index[owner.pk]}-role": Role.OPERATOR} if change == "demote" else {
+        f"memberships-{index[owner.pk]}-DELETE": "on"}  # fmt: skip
+
+    response = staff(owner).post(url, _form(workspace, members, name="renamed", four_eyes="on", **edit))
+
+    assert response.status_code == 200
+    assert "LAST_ADMIN" in response.content.decode()
+    workspace.refresh_from_db()
+    assert (workspace.name, workspace.four_eyes) == ("acme", False)
+    roles = dict(Membership.objects.filter(workspace=workspace).values_list("user__username", "role"))
+    assert roles == {"owner": "admin", "viewer": "viewer"}
+    assert not AuditEvent.objects.filter(type__startswith="operator.").exclude(actor="system").exists()
+
+
 def test_an_operator_cannot_change_the_workspace(workspace, operator):
     url = reverse("admin:workspaces_workspace_change", args=[workspace.pk])
     admin = staff(operator)

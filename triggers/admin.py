@@ -7,12 +7,15 @@ shown once, in the admin message, and never stored in plain text.
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import Prefetch
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from automations.admin import AutomationAdmin
+from automations.admin import AutomationAdmin, WorkspaceScopedAdmin
 from automations.models import Automation
+from workspaces.access import may_act, workspace_ids_for
+from workspaces.models import Permission
 
 from . import services
 from .models import Trigger, TriggerType, WebhookRateWindow
@@ -27,8 +30,13 @@ def token_state(obj: Trigger) -> str:
     return "revoked" if obj.token_revoked_at else "active"
 
 
+# Minting a webhook token or signing secret lets its holder start runs: the workspace admin's
+# (as in the API); revoking one is any operator's.
+ADMIN_ACTIONS = ("rotate_token", "rotate_signing_secret")
+
+
 @admin.register(Trigger)
-class TriggerAdmin(admin.ModelAdmin):
+class TriggerAdmin(WorkspaceScopedAdmin):
     list_display = [
         "key",
         "automation",
@@ -66,7 +74,28 @@ class TriggerAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None):
         return False  # remove the trigger from the definition instead
 
-    def _webhooks(self, request, queryset):
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        if not request.user.is_superuser and not workspace_ids_for(request.user, Permission.ADMINISTER):
+            for name in ADMIN_ACTIONS:
+                actions.pop(name, None)
+        return actions
+
+    def changelist_view(self, request, extra_context=None):
+        # An action not offered is otherwise a silent "no action selected": reached directly, it is a 403.
+        if request.method == "POST" and request.POST.get("action") in ADMIN_ACTIONS:
+            if request.POST.get("action") not in self.get_actions(request):
+                raise PermissionDenied
+        return super().changelist_view(request, extra_context)
+
+    def _webhooks(self, request, queryset, permission: str = Permission.OPERATE):
+        """The selected webhook triggers; every one must be in a workspace where the user holds
+        ``permission``, else nothing is done (403)."""
+        if any(
+            not may_act(request.user, ws, permission)
+            for ws in set(queryset.values_list("workspace_id", flat=True))
+        ):
+            raise PermissionDenied
         chosen = list(queryset.filter(type=TriggerType.WEBHOOK))
         if len(chosen) != queryset.count():
             self.message_user(request, "Only webhook triggers have tokens; the others were left alone.",
@@ -75,7 +104,7 @@ class TriggerAdmin(admin.ModelAdmin):
 
     @admin.action(description="Rotate token (shown once)")
     def rotate_token(self, request, queryset):
-        for trigger in self._webhooks(request, queryset):
+        for trigger in self._webhooks(request, queryset, Permission.ADMINISTER):
             token = services.trigger_token_rotate(trigger=trigger, user=request.user)
             self.message_user(
                 request, f"New token for {trigger.automation} / {trigger.key} (copy it now, it is not shown again): "
@@ -92,7 +121,7 @@ class TriggerAdmin(admin.ModelAdmin):
 
     @admin.action(description="Rotate signing secret (shown once)")
     def rotate_signing_secret(self, request, queryset):
-        for trigger in self._webhooks(request, queryset):
+        for trigger in self._webhooks(request, queryset, Permission.ADMINISTER):
             secret = services.trigger_signing_secret_rotate(trigger=trigger, user=request.user)
             self.message_user(
                 request, f"New signing secret for {trigger.automation} / {trigger.key} (copy it now, it is not "
@@ -175,7 +204,7 @@ class TriggeredAutomationAdmin(AutomationAdmin):
         return format_html(
             '<table id="triggers"><tr><th>key</th><th>type</th><th>enabled</th><th>next fire</th>'
             "<th>webhook URL</th><th>token</th><th>last fired</th></tr>{}</table>"
-            "<p>Rotate a webhook's token from its trigger page (the token is shown once).</p>",
+            "<p>A workspace admin rotates a webhook's token from its trigger page (the token is shown once).</p>",
             body,
         )
 

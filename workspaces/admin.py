@@ -15,7 +15,7 @@ from config.errors import ServiceError
 
 from . import services
 from .access import may_act, workspace_ids_for
-from .models import Membership, Permission, Workspace
+from .models import Membership, Permission, Role, Workspace
 
 
 class WorkspaceForm(forms.ModelForm):
@@ -39,8 +39,31 @@ class WorkspaceForm(forms.ModelForm):
             raise ValidationError([e["message"] for e in exc.errors or []] or exc.message) from None
 
 
+class MembershipFormSet(forms.BaseInlineFormSet):
+    def clean(self):
+        """A workspace that has an admin keeps one: checked on the whole page, before anything is saved."""
+        super().clean()
+        instance = self.instance
+        if instance.pk is None or not Membership.objects.filter(workspace=instance, role=Role.ADMIN).exists():
+            return
+        admins = 0
+        for form in self.forms:
+            if not hasattr(form, "cleaned_data") or not form.cleaned_data:
+                continue
+            if form.cleaned_data.get("DELETE"):
+                continue
+            admins += form.cleaned_data.get("role") == Role.ADMIN
+        if admins == 0:
+            raise ValidationError(
+                "A workspace keeps at least one admin: make someone else admin before removing or demoting "
+                "the last one (LAST_ADMIN).",
+                code="LAST_ADMIN",
+            )
+
+
 class MembershipInline(admin.TabularInline):
     model = Membership
+    formset = MembershipFormSet
     extra = 1
     fields = ["user", "role"]
 

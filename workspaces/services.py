@@ -12,7 +12,7 @@ from django.db import transaction
 from rest_framework.authtoken.models import Token
 
 from audit import writer
-from config.errors import InvalidArgument
+from config.errors import InvalidArgument, ServiceError
 
 from .models import Autonomy, Membership, Role, Workspace
 
@@ -32,6 +32,23 @@ def workspace_get_or_create(*, slug: str, name: str = "", actor: str = "system")
     return workspace
 
 
+class LastAdmin(ServiceError):
+    def __init__(self, workspace: Workspace, username: str, doing: str):
+        super().__init__("LAST_ADMIN", f"{username} is the last admin of {workspace.slug}: make someone else "
+                         f"admin before {doing} them", 409)  # fmt: skip
+
+
+def _keep_an_admin(workspace: Workspace, membership: Membership, doing: str) -> None:
+    """Refuse to leave a workspace that has an admin without one. The workspace row is locked
+    first, so two admins demoting each other at once cannot both pass the count."""
+    Workspace.objects.select_for_update().filter(pk=workspace.pk).first()
+    if Membership.objects.filter(pk=membership.pk).values_list("role", flat=True).first() != Role.ADMIN:
+        return
+    others = Membership.objects.filter(workspace=workspace, role=Role.ADMIN).exclude(pk=membership.pk)
+    if not others.exists():
+        raise LastAdmin(workspace, membership.user.get_username(), doing)
+
+
 @transaction.atomic
 def membership_set_role(*, workspace: Workspace, user, role: str, actor: str = "system") -> Membership:
     if role not in Role.values:
@@ -41,6 +58,8 @@ def membership_set_role(*, workspace: Workspace, user, role: str, actor: str = "
     )
     previous = None if created else membership.role
     if previous != role:
+        if previous is not None:
+            _keep_an_admin(workspace, membership, "demoting")
         if not created:
             membership.role = role
             membership.save(update_fields=["role"])
@@ -124,6 +143,7 @@ def workspace_update(*, workspace: Workspace, user=None, name: str | None = None
 @transaction.atomic
 def membership_remove(*, membership: Membership, actor: str = "system") -> None:
     workspace, username, role = membership.workspace, membership.user.get_username(), membership.role
+    _keep_an_admin(workspace, membership, "removing")
     membership.delete()
     writer.append(
         trace_id=_trace(), type="operator.membership.removed", summary=f"{username} removed from {workspace.slug}",

@@ -115,3 +115,32 @@ def test_an_operator_cannot_change_the_default_autonomy(workspace, operator):
     assert response.json()["error"]["code"] == "PERMISSION_DENIED"
     workspace.refresh_from_db()
     assert workspace.default_autonomy == "A3"
+
+
+def test_the_last_admin_cannot_be_demoted_or_removed(api, workspace, owner):
+    demoted = api.post(
+        "/api/v1/workspaces/acme/members", {"username": "owner", "role": "operator"}, format="json"
+    )
+    removed = api.delete("/api/v1/workspaces/acme/members", {"username": "owner"}, format="json")
+
+    for response in (demoted, removed):
+        assert response.status_code == 409
+        assert response.json()["error"]["code"] == "LAST_ADMIN"
+    assert Membership.objects.get(user=owner).role == "admin"
+    assert (
+        not AuditEvent.objects.filter(type__startswith="operator.membership").exclude(actor="system").exists()
+    )
+
+
+def test_with_a_second_admin_the_first_may_step_down(api, workspace, owner, viewer):
+    api.post("/api/v1/workspaces/acme/members", {"username": "viewer", "role": "admin"}, format="json")
+
+    demoted = api.post(
+        "/api/v1/workspaces/acme/members", {"username": "owner", "role": "viewer"}, format="json"
+    )
+    last = client_for(viewer).delete("/api/v1/workspaces/acme/members", {"username": "viewer"}, format="json")
+
+    assert demoted.status_code == 200
+    assert last.status_code == 409
+    assert dict(Membership.objects.filter(workspace=workspace).values_list("user__username", "role")) == {
+        "owner": "viewer", "viewer": "admin"}  # fmt: skip

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission as AuthPermission
+from django.test import Client
 from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
@@ -93,12 +95,13 @@ def test_the_trigger_list_shows_each_trigger_with_its_next_fire(db, make_automat
     assert APIClient().get(f"/api/v1/automations/{automation.pk}/triggers").status_code == 401
 
 
-def test_rotating_a_token_shows_it_once_and_needs_operate(db, make_automation, operator, viewer, outsider):
+def test_rotating_a_token_shows_it_once_and_needs_the_admin_role(db, make_automation, owner, operator, viewer,
+                                                                  outsider):  # fmt: skip
     automation = make_automation(definition(triggers=[webhook(), schedule()]))
     hook = automation.triggers.get(key="hook")
     cron = automation.triggers.get(key="cron")
 
-    response = client_for(operator).post(f"/api/v1/triggers/{hook.pk}/rotate-token")
+    response = client_for(owner).post(f"/api/v1/triggers/{hook.pk}/rotate-token")
 
     assert response.status_code == 200
     assert response["Cache-Control"] == "no-store"
@@ -108,20 +111,27 @@ def test_rotating_a_token_shows_it_once_and_needs_operate(db, make_automation, o
     assert Trigger.objects.get(pk=hook.pk).token_hash == token_hash(token)
     rotated = AuditEvent.objects.get(type="trigger.token_rotated")
     assert token not in json.dumps([rotated.summary, rotated.payload, rotated.refs])
-    assert client_for(viewer).post(f"/api/v1/triggers/{hook.pk}/rotate-token").status_code == 403
+    for who in (operator, viewer):
+        denied = client_for(who).post(f"/api/v1/triggers/{hook.pk}/rotate-token")
+        assert denied.status_code == 403
+        assert denied.json()["error"]["code"] == "PERMISSION_DENIED"
+        assert client_for(who).post(f"/api/v1/triggers/{hook.pk}/rotate-signing-secret").status_code == 403
     assert client_for(outsider).post(f"/api/v1/triggers/{hook.pk}/rotate-token").status_code == 404
-    refused = client_for(operator).post(f"/api/v1/triggers/{cron.pk}/rotate-token")
+    assert Trigger.objects.get(pk=hook.pk).token_hash == token_hash(token)  # the refusals changed nothing
+    assert AuditEvent.objects.filter(type="trigger.token_rotated").count() == 1
+    refused = client_for(owner).post(f"/api/v1/triggers/{cron.pk}/rotate-token")
     assert refused.status_code == 400
     assert refused.json()["error"]["code"] == "INVALID_ARGUMENT"
     assert fire(APIClient(), automation.pk, {}, token=token).status_code == 202
 
 
-def test_revoking_a_token_makes_fires_401(db, make_automation, api):
+def test_an_operator_revokes_a_token_and_fires_get_401(db, make_automation, api, operator, viewer):
     automation = make_automation(definition(triggers=[webhook()]))
     hook = automation.triggers.get()
     token = api.post(f"/api/v1/triggers/{hook.pk}/rotate-token").json()["token"]
 
-    response = api.post(f"/api/v1/triggers/{hook.pk}/revoke-token")
+    assert client_for(viewer).post(f"/api/v1/triggers/{hook.pk}/revoke-token").status_code == 403
+    response = client_for(operator).post(f"/api/v1/triggers/{hook.pk}/revoke-token")
 
     assert response.status_code == 200
     assert response.json()["has_token"] is False
@@ -180,3 +190,55 @@ def test_a_removed_trigger_is_audited_under_its_id(db, make_automation, owner):
     services.automation_update(automation=automation, user=owner, definition=definition())
 
     assert AuditEvent.objects.get(type="trigger.deleted").refs["trigger"] == trigger_id
+
+
+def _staff(user) -> Client:
+    user.is_staff = True
+    user.save(update_fields=["is_staff"])
+    user.user_permissions.add(*AuthPermission.objects.filter(content_type__app_label="triggers"))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_the_rotate_actions_are_an_admins_not_an_operators(db, make_automation, owner, operator):
+    automation = make_automation(definition(triggers=[webhook()]))
+    hook = automation.triggers.get()
+    changelist = "/admin/triggers/trigger/"
+    as_operator, as_owner = _staff(operator), _staff(owner)
+
+    offered = as_operator.get(changelist).content.decode()
+    posted = {
+        action: as_operator.post(changelist, {"action": action, "_selected_action": [str(hook.pk)]})
+        for action in ("rotate_token", "rotate_signing_secret")
+    }
+    revoked = as_operator.post(changelist, {"action": "revoke_token", "_selected_action": [str(hook.pk)]})
+
+    assert 'value="revoke_token"' in offered
+    assert 'value="rotate_token"' not in offered
+    assert 'value="rotate_signing_secret"' not in offered
+    assert {action: r.status_code for action, r in posted.items()} == {"rotate_token": 403,
+                                                                       "rotate_signing_secret": 403}  # fmt: skip
+    assert revoked.status_code == 302
+    stored = Trigger.objects.get(pk=hook.pk)
+    assert not stored.token_hash
+    assert not stored.signing_secret_encrypted
+    assert not AuditEvent.objects.filter(type__in=["trigger.token_rotated", "trigger.signing_secret_rotated"])
+    assert 'value="rotate_token"' in as_owner.get(changelist).content.decode()
+    rotated = as_owner.post(changelist, {"action": "rotate_token", "_selected_action": [str(hook.pk)]})
+    assert rotated.status_code == 302
+    assert Trigger.objects.get(pk=hook.pk).token_hash
+    assert AuditEvent.objects.get(type="trigger.token_rotated").actor == "user:owner"
+
+
+def test_the_trigger_admin_shows_only_the_users_workspaces(db, make_automation, outsider):
+    automation = make_automation(definition(triggers=[webhook()]))
+    hook = automation.triggers.get()
+
+    page = _staff(outsider).get("/admin/triggers/trigger/").content.decode()
+    acted = _staff(outsider).post("/admin/triggers/trigger/",
+                                  {"action": "revoke_token", "_selected_action": [str(hook.pk)]})  # fmt: skip
+
+    assert str(hook.pk) not in page
+    assert acted.status_code in (200, 302)  # nothing selected that they can see
+    assert not AuditEvent.objects.filter(type="trigger.token_revoked").exists()

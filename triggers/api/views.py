@@ -34,13 +34,19 @@ class AutomationTriggers(generics.ListAPIView):
 
 
 class _TriggerAction(APIView):
+    # Revoking is an operator's (stop a leaked token now); minting a token or signing secret,
+    # which lets its holder start runs, is the workspace admin's, like credentials.
+    permission: str = Permission.OPERATE
+
     def trigger(self, request, pk) -> Trigger:
         trigger = get_object_or_404(selectors.triggers_visible_to(request.user), pk=pk)
-        require(request.user, trigger.workspace_id, Permission.OPERATE)
+        require(request.user, trigger.workspace_id, self.permission)
         return trigger
 
 
 class TriggerRotateToken(_TriggerAction):
+    permission = Permission.ADMINISTER
+
     @extend_schema(
         request=None, responses={200: TokenOut, **errors(409)}, summary="A new webhook token, shown once"
     )
@@ -59,6 +65,8 @@ class TriggerRevokeToken(_TriggerAction):
 
 
 class TriggerRotateSigningSecret(_TriggerAction):
+    permission = Permission.ADMINISTER
+
     @extend_schema(
         request=None,
         responses={200: SigningSecretOut, **errors(409)},

@@ -86,7 +86,7 @@ class WorkspaceMembers(generics.ListAPIView):
             Membership.objects.filter(workspace=workspace).select_related("user").order_by("user__username")
         )
 
-    @extend_schema(request=MemberIn, responses={200: MemberOut})
+    @extend_schema(request=MemberIn, responses={200: MemberOut, **errors(409)})
     def post(self, request, slug):
         workspace = _administered(request, slug)
         data = MemberIn(data=request.data)
@@ -98,7 +98,7 @@ class WorkspaceMembers(generics.ListAPIView):
                                                   actor=writer.actor_for(request.user))  # fmt: skip
         return Response(MemberOut(membership).data)
 
-    @extend_schema(request=MemberRemove, responses={204: None})
+    @extend_schema(request=MemberRemove, responses={204: None, **errors(409)})
     def delete(self, request, slug):
         workspace = _administered(request, slug)
         data = MemberRemove(data=request.data)
