@@ -8,16 +8,25 @@ WSGI-in-ASGI adapter): a bounded number of threads, each keeping its own
 persistent database connection, exactly as a threaded WSGI server would.
 (Django's own ASGI handler would give every request a new thread, and so a
 new database connection, which a PostgreSQL server runs out of under load.)
+
+Before gunicorn's ``--preload`` forks the workers, the URLconf (the API, the
+admin, their serializers and schema code) is loaded too, and everything loaded
+so far is moved out of the cyclic garbage collector's reach (``gc.freeze()``):
+~150k long-lived objects that a full collection would otherwise walk every few
+hundred requests (~0.4-1 ms per fire on average, in 100 ms pauses that land on
+the p99), and pages that a collection's writes would copy in every worker.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 from a2wsgi import WSGIMiddleware  # noqa: E402
 from django.conf import settings  # noqa: E402
+from django.urls import get_resolver  # noqa: E402
 
 from config.celery import app as celery_app  # noqa: E402
 from ops.wsgi import application as wsgi_application  # noqa: E402
@@ -27,3 +36,7 @@ from ops.wsgi import application as wsgi_application  # noqa: E402
 celery_app.connection_for_write().get_transport_cls()
 
 application = WSGIMiddleware(wsgi_application, workers=settings.AUTOPLANE_WEB_THREADS)
+
+get_resolver().url_patterns  # noqa: B018 - imports every app's views now, not on the first request
+gc.collect()
+gc.freeze()
