@@ -21,7 +21,7 @@ def test_a_database_not_named_as_a_test_one_is_refused_without_the_flag(monkeypa
 
 
 def test_seeded_runs_have_steps_and_chains_that_verify():
-    history_bench.seed(30, out=lambda *_: None)
+    history_bench.seed(30, chunk=7, out=lambda *_: None)  # several chunks, the last one short
     history_bench.seed(12, out=lambda *_: None)  # again: the same chains go on
     assert Run.objects.count() == 42
     assert StepRun.objects.count() == 84
