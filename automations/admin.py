@@ -151,6 +151,16 @@ class AutomationAdmin(WorkspaceScopedAdmin):
         form.user = request.user
         return form
 
+    # For one automation, the model permission and the role in its workspace: a viewer or an approver
+    # gets the read-only page (no Save, no Delete), not a form whose Delete would archive it.
+    def has_change_permission(self, request, obj=None):
+        allowed = super().has_change_permission(request, obj)
+        return allowed and (obj is None or may_act(request.user, obj.workspace_id, Permission.OPERATE))
+
+    def has_delete_permission(self, request, obj=None):
+        allowed = super().has_delete_permission(request, obj)
+        return allowed and (obj is None or may_act(request.user, obj.workspace_id, Permission.OPERATE))
+
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
         if db_field.name == "workspace" and not request.user.is_superuser:
             kwargs["queryset"] = workspaces_for(request.user, Permission.OPERATE)
@@ -298,8 +308,9 @@ class AutomationAdmin(WorkspaceScopedAdmin):
         """The bulk "Delete selected" action: archives, with the same service, audit and checks as one."""
         for automation in queryset:
             try:
+                require_or_superuser(request.user, automation.workspace_id, Permission.OPERATE)
                 services.automation_archive(automation=automation, user=request.user)
-            except services.RunActionRefused as exc:
+            except ServiceError as exc:
                 self.message_user(request, f"{automation.name}: {exc.message}", messages.ERROR)
 
     @admin.action(description="Purge archived automations for good (runs, steps, versions; superusers)")

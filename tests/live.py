@@ -42,6 +42,17 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition", interval
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def wait_for_run(run_id, statuses, timeout: float = 60.0):
+    """The run once its status is one of ``statuses`` (read from the database), else fail saying where it is."""
+    from automations.models import Run
+
+    try:
+        return wait_for(lambda: Run.objects.filter(pk=run_id, status__in=list(statuses)).first(), timeout=timeout,
+                        what=f"run {run_id} to be one of {sorted(statuses)}")  # fmt: skip
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; it is {Run.objects.get(pk=run_id).status}") from None
+
+
 def database_url() -> str:
     """The URL of the database this test process is using right now (the test database)."""
     params = connection.settings_dict

@@ -8,13 +8,11 @@ this test's signing key, so a token minted in the web process verifies in the wo
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import Permission as AuthPermission
 
-from automations.models import Run
 from config.celery import QUEUES
 from tests import live
 from tests.factories import definition, risk_step
@@ -45,16 +43,6 @@ def sent() -> None:
     """Here messages really go to the broker (overrides the capturing fixture)."""
 
 
-def _wait_for(run_id, statuses: set[str], timeout: float = 60.0) -> Run:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        run = Run.objects.get(pk=run_id)
-        if run.status in statuses:
-            return run
-        time.sleep(0.1)
-    raise AssertionError(f"run {run_id} is {Run.objects.get(pk=run_id).status}, expected one of {statuses}")
-
-
 def test_approver_approves_in_the_admin_and_the_run_completes(
     people, drive, target, path_for, live_server, worker_factory, signing_key_file, monkeypatch
 ):
@@ -77,7 +65,7 @@ def test_approver_approves_in_the_admin_and_the_run_completes(
     from automations.services import run_create
 
     run = run_create(automation=automation, inputs={}, user=people.operator).run
-    parked = _wait_for(run.pk, {"awaiting_approval", "failed", "succeeded"})
+    parked = live.wait_for_run(run.pk, {"awaiting_approval", "failed", "succeeded"})
     assert parked.status == "awaiting_approval", (parked.error, worker.log_tail())
     approval = drive.approval(parked)
     assert target.count(path) == 0
@@ -105,7 +93,7 @@ def test_approver_approves_in_the_admin_and_the_run_completes(
         finally:
             browser.close()
 
-    done = _wait_for(run.pk, {"succeeded", "failed", "needs_attention"})
+    done = live.wait_for_run(run.pk, {"succeeded", "failed", "needs_attention"})
     assert done.status == "succeeded", (done.error, worker.log_tail())
     assert target.count(path) == 1
     approval.refresh_from_db()

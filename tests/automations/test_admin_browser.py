@@ -8,7 +8,6 @@ Waits are explicit (for a selector, a URL, or the run's row in the database), ne
 from __future__ import annotations
 
 import shutil
-import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -82,16 +81,6 @@ def browser_page(live_server, operator_account, monkeypatch, tmp_path):
             browser.close()
 
 
-def _wait_for(run_id, statuses: set[str], timeout: float = 60.0) -> Run:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        run = Run.objects.get(pk=run_id)
-        if run.status in statuses:
-            return run
-        time.sleep(0.1)
-    raise AssertionError(f"run {run_id} is {Run.objects.get(pk=run_id).status}, expected one of {statuses}")
-
-
 @pytest.mark.workers
 def test_run_with_inputs_from_the_automation_page_and_watch_it_succeed(
     browser_page, operator_account, worker_factory
@@ -118,7 +107,7 @@ def test_run_with_inputs_from_the_automation_page_and_watch_it_succeed(
     page.wait_for_url("**/admin/automations/run/*/change/")
     assert "queued" in page.inner_text(".messagelist")
     run = Run.objects.get()
-    done = _wait_for(run.pk, {"succeeded", "failed", "needs_attention"})
+    done = live.wait_for_run(run.pk, {"succeeded", "failed", "needs_attention"})
     assert done.status == RunStatus.SUCCEEDED, (done.error, worker.log_tail())
 
     page.reload()
