@@ -426,7 +426,7 @@ class RunAdmin(HistoryAdminMixin, WorkspaceScopedAdmin):
     search_fields = ["id", "trace_id", "automation__name"]
     search_help_text = "a run id or trace id (exact), or the start of an automation's name"
     actions = ["cancel", "rerun", "resolve_succeeded", "resolve_retry", "resolve_failed"]
-    readonly_fields = ["automation", "automation_version", "run_status", "links", "trigger_type", "trigger_key",
+    readonly_fields = ["automation", "automation_version", "run_status", "links", "chain", "trigger_type", "trigger_key",
                        "triggered_by", "trace_id", "queue", "pretty_inputs", "pretty_output", "pretty_error",
                        "cost_usd", "created_at", "started_at", "finished_at", "duration", "timeline"]  # fmt: skip
     fields = readonly_fields
@@ -511,12 +511,45 @@ class RunAdmin(HistoryAdminMixin, WorkspaceScopedAdmin):
         approvals = reverse("admin:approvals_approval_changelist") + f"?run_id={run.pk}&status__exact=all"
         trace = reverse("admin:audit_auditevent_changelist") + f"?trace_id={run.trace_id}"
         items = [(approvals, "approvals-link", "its approvals"), (trace, "trace-link", "its audit trace")]
-        if run.parent_run_id:
-            items.append((reverse("admin:automations_run_change", args=[run.parent_run_id]), "parent-link",
-                          f"the run it re-runs ({str(run.parent_run_id)[:8]})"))  # fmt: skip
-        children = reverse("admin:automations_run_changelist") + f"?parent_run={run.pk}"
-        items.append((children, "children-link", "its re-runs"))
         return format_html_join(" · ", '<a href="{}" id="{}">{}</a>', items)
+
+    CHAIN_CHILDREN_SHOWN = 20
+
+    @admin.display(description="chain")
+    def chain(self, run: Run):
+        """Its place in a chain of runs: depth, the run it came from and the runs it started, each a
+        link. A re-run starts a trace of its own; a run started by another's event shares its trace.
+        Chains stay in one workspace, which the user sees since they see this run."""
+
+        def link(other: Run, attr: str, value: str):
+            url = reverse("admin:automations_run_change", args=[other.pk])
+            return format_html('<a href="{}" {}="{}">{}</a> {} {}', url, attr, value, str(other.pk)[:8],
+                               other.automation.name, coloured_status(other.status))  # fmt: skip
+
+        same_workspace = Run.objects.filter(workspace_id=run.workspace_id).select_related("automation")
+        parts = [format_html('<span id="chain-depth">depth {}</span>', run.chain_depth)]
+        if run.parent_run_id:
+            parent = same_workspace.filter(pk=run.parent_run_id).first()
+            if parent is None:
+                parts.append(
+                    format_html('<span id="parent-run">from run {}</span>', str(run.parent_run_id)[:8])
+                )
+            else:
+                how = "re-run of" if parent.trace_id != run.trace_id else "started by an event of"
+                parts.append(
+                    format_html('<span id="parent-run">{} {}</span>', how, link(parent, "id", "parent-link"))
+                )
+        shown = self.CHAIN_CHILDREN_SHOWN
+        children = list(same_workspace.filter(parent_run_id=run.pk).order_by("created_at", "id")[: shown + 1])
+        rows = [(link(child, "class", "child-link"), "re-run" if child.trace_id != run.trace_id else "by event")
+                for child in children[:shown]]  # fmt: skip
+        more = ""
+        if len(children) > shown:
+            listing = reverse("admin:automations_run_changelist") + f"?parent_run={run.pk}"
+            more = format_html(', <a href="{}" id="children-link">all of them</a>', listing)
+        started = format_html_join(", ", "{} ({})", rows) if rows else "no run"
+        parts.append(format_html('<span id="child-runs">started {}{}</span>', started, more))
+        return format_html_join(" · ", "{}", ((part,) for part in parts))
 
     @admin.display(description="step timeline")
     def timeline(self, run: Run):

@@ -10,9 +10,9 @@ from django.test import Client
 from django.urls import reverse
 
 from audit.models import AuditEvent
-from automations import services
-from automations.models import Run, RunStatus
-from tests.factories import definition, transform
+from automations import events, services
+from automations.models import DomainEvent, Run, RunStatus
+from tests.factories import definition, event, transform
 
 pytestmark = pytest.mark.django_db
 
@@ -168,3 +168,33 @@ def test_the_runs_list_has_a_short_id_error_and_duration(automation, operator, d
     assert f">{run.pk}<" not in page  # the full UUID is never a cell's text (it wrapped over 4 lines)
     assert "HTTP_ERROR: upstream said 503" in page
     assert " s</td>" in page  # a duration
+
+
+def test_the_run_page_links_along_an_event_chain_with_its_depth(workspace, operator, drive):
+    upstream = services.automation_create(
+        workspace=workspace, user=operator, definition=definition(name="upstream")
+    )
+    services.automation_create(workspace=workspace, user=operator, definition=definition(name="downstream", triggers=[
+        event(event_type="automation.run.succeeded", filter={"path": "payload.automation_id", "equals": str(upstream.pk)})]))  # fmt: skip
+    first = drive(services.run_create(automation=upstream, inputs={}, user=operator).run.pk)
+    for pk in DomainEvent.objects.values_list("pk", flat=True):
+        events.deliver(str(pk))
+    (second,) = Run.objects.filter(parent_run=first)
+    drive(second.pk)
+    rerun = services.run_rerun(run=first, user=operator)
+    admin = staff(operator)
+
+    top = admin.get(_page(first)).content.decode()
+    below = admin.get(_page(second)).content.decode()
+
+    assert 'id="chain-depth">depth 0<' in top
+    assert f'href="{_page(second)}" class="child-link">{str(second.pk)[:8]}</a> downstream' in top
+    assert f'href="{_page(rerun)}" class="child-link">{str(rerun.pk)[:8]}</a> upstream' in top
+    assert "(by event)" in top
+    assert "(re-run)" in top
+    assert 'id="chain-depth">depth 1<' in below
+    assert (
+        f'started by an event of <a href="{_page(first)}" id="parent-link">{str(first.pk)[:8]}</a>' in below
+    )
+    assert 'id="child-runs">started no run<' in below
+    assert "re-run of" in admin.get(_page(rerun)).content.decode()
