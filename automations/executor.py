@@ -283,7 +283,8 @@ class Executor(RunRecorder):
             )
         envelope = charged(redacted(envelope, ctx.secrets), meter)
         stored_config = redact(config, ctx.secrets)
-        if ctx.cancelled.is_set():
+        # A handler that read the cancel flag itself stopped for the cancel too, even before the watch heard it.
+        if ctx.cancelled.is_set() or (envelope.error or {}).get("code") == ErrorCode.CANCELLED:
             return self._recorded(lambda: self._interrupted(step_run, step, attempt, stored_config, envelope))
         if envelope.resume_at is not None and envelope.ok:
             return self._recorded(

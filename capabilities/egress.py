@@ -151,7 +151,7 @@ def check_url(url: str | httpx.URL, allowlist: Iterable[str]) -> None:
 
 
 class _TrackedStream(httpcore.NetworkStream):
-    """A connection the backend remembers, so that :meth:`PinnedBackend.abort` can shut it down."""
+    """A connection the backend remembers, so that :meth:`AbortableBackend.abort` can shut it down."""
 
     def __init__(self, inner: httpcore.NetworkStream, streams: list[httpcore.NetworkStream]) -> None:
         self._inner = inner
@@ -175,17 +175,19 @@ class _TrackedStream(httpcore.NetworkStream):
         return self._inner.get_extra_info(info)
 
 
-class PinnedBackend(httpcore.NetworkBackend):
-    """A network backend that connects only to addresses pinned for a host."""
+class AbortableBackend(httpcore.NetworkBackend):
+    """httpcore's network backend, remembering its connections so that :meth:`abort` can shut
+    them down from another thread (a cancel abandoning a call in flight)."""
 
     def __init__(self) -> None:
         self._inner = httpcore.SyncBackend()
-        self._pins: dict[str, tuple[str, ...]] = {}
         self._streams: list[httpcore.NetworkStream] = []
+        self._aborted = False
 
     def abort(self) -> None:
         """Shut down every connection this backend opened, from any thread: a call blocked
         on one of them (connecting TLS, sending, waiting for the answer) fails at once."""
+        self._aborted = True
         for stream in list(self._streams):
             sock = stream.get_extra_info("socket")
             if sock is None or sock.fileno() == -1:  # closed, or handed over to its TLS wrapper
@@ -194,6 +196,38 @@ class PinnedBackend(httpcore.NetworkBackend):
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        return self._track(self._inner.connect_tcp(host, port, timeout, local_address, socket_options))
+
+    def _track(self, stream: httpcore.NetworkStream) -> httpcore.NetworkStream:
+        tracked = _TrackedStream(stream, self._streams)
+        if self._aborted:  # aborted while this connection was being made: it is not used either
+            self.abort()
+        return tracked
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
+        raise httpcore.ConnectError("unix sockets are not reachable from steps")
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+class PinnedBackend(AbortableBackend):
+    """A network backend that connects only to addresses pinned for a host."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pins: dict[str, tuple[str, ...]] = {}
 
     def pin(self, host: str, addresses: Sequence[str]) -> None:
         self._pins[host] = tuple(addresses)
@@ -213,23 +247,17 @@ class PinnedBackend(httpcore.NetworkBackend):
         for address in addresses:
             try:
                 stream = self._inner.connect_tcp(address, port, timeout, local_address, socket_options)
-                return _TrackedStream(stream, self._streams)
+                return self._track(stream)
             except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
                 error = exc
         assert error is not None
         raise error
 
-    def connect_unix_socket(
-        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
-    ) -> httpcore.NetworkStream:
-        raise httpcore.ConnectError("unix sockets are not reachable from steps")
-
-    def sleep(self, seconds: float) -> None:
-        self._inner.sleep(seconds)
-
 
 class PinnedTransport(httpx.HTTPTransport):
-    def __init__(self, backend: PinnedBackend, *, verify: Any = True) -> None:
+    """An httpx transport whose connections go through ``backend`` (pinned, abortable)."""
+
+    def __init__(self, backend: AbortableBackend, *, verify: Any = True) -> None:
         super().__init__(verify=verify, trust_env=False)
         # httpx (0.28) has no public parameter for the network backend, so the
         # pool it built is replaced by an identical one that uses ours.

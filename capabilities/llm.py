@@ -31,7 +31,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -41,7 +41,8 @@ from django.conf import settings
 
 from config.errors import ServiceError
 
-from .base import ErrorCode
+from . import egress
+from .base import CancelSignal, ErrorCode
 
 logger = logging.getLogger(__name__)
 
@@ -166,10 +167,33 @@ class LlmClient:
     def __init__(self, config: LlmConfig, *, transport: httpx.BaseTransport | None = None):
         self.config = config
         self._transport = transport
+        self._http: httpx.Client | None = None  # connections of its own (interruptible)
+        self._cancelled: CancelSignal | None = None
 
     @property
     def model(self) -> str:
         return self.config.model
+
+    @contextlib.contextmanager
+    def interruptible(self, cancelled: CancelSignal) -> Iterator[LlmClient]:
+        """This client on connections of its own that ``cancelled`` shuts down (a run's cancel,
+        SPEC §7.2): a call in flight then fails at once with ``CANCELLED``, and none is retried."""
+        bound = LlmClient(self.config, transport=self._transport)
+        bound._cancelled = cancelled
+        backend = egress.AbortableBackend()
+        if self._transport is None:
+            bound._http = httpx.Client(transport=egress.PinnedTransport(backend), follow_redirects=False)
+        forget = cancelled.on_set(backend.abort)
+        try:
+            with bound._http or contextlib.nullcontext():
+                yield bound
+        finally:
+            forget()
+
+    def _abandoned(self, what: str) -> LlmError | None:
+        if self._cancelled is None or not self._cancelled.is_set():
+            return None
+        return LlmError(ErrorCode.CANCELLED, f"the LLM call was {what}: the run was cancelled")
 
     def chat(
         self,
@@ -196,19 +220,26 @@ class LlmClient:
             end = min(end, deadline)
         url = f"{self.config.base_url}/chat/completions"
         attempt = 0
-        client = _shared_client() if self._transport is None else httpx.Client(transport=self._transport)
-        with contextlib.nullcontext() if self._transport is None else client:
+        own = self._http is None and self._transport is not None
+        client = self._http or (httpx.Client(transport=self._transport) if own else _shared_client())
+        with client if own else contextlib.nullcontext():
             while True:
                 remaining = end - time.monotonic()
                 if remaining <= 0:
                     raise LlmError(ErrorCode.TEMPORARILY_UNAVAILABLE, "the LLM did not answer in time")
+                if cancelled := self._abandoned("not sent"):
+                    raise cancelled
                 try:
                     status, raw, retry_after = self._post(client, url, headers, body, remaining)
                 except httpx.TransportError as exc:
+                    if cancelled := self._abandoned("abandoned in flight"):
+                        raise cancelled from exc
                     status, raw, retry_after = 0, b"", None
                     failure = LlmError(ErrorCode.TEMPORARILY_UNAVAILABLE, "the LLM server could not be reached",
                                        detail=f"{type(exc).__name__}: {exc}")  # fmt: skip
                 else:
+                    if cancelled := self._abandoned("abandoned in flight"):  # its answer is not used
+                        raise cancelled
                     failure = None if status == 200 else _status_error(status, raw)
                 if failure is None:
                     return _parse_completion(raw, self.config.model)
@@ -219,7 +250,11 @@ class LlmClient:
                 if time.monotonic() + delay >= end:
                     raise failure
                 logger.info("LLM answered %s; retry %d in %.2fs", status or "no answer", attempt + 1, delay)
-                time.sleep(delay)  # bounded by the deadline above; the provider asked us to wait
+                # bounded by the deadline above; the provider asked us to wait
+                if self._cancelled is not None and self._cancelled.wait(delay):
+                    raise LlmError(ErrorCode.CANCELLED, "the LLM call was not retried: the run was cancelled")
+                if self._cancelled is None:
+                    time.sleep(delay)
                 attempt += 1
 
     def _post(self, client: httpx.Client, url: str, headers: dict[str, str], body: dict[str, Any],

@@ -10,7 +10,9 @@ and keeps every request it received so tests can assert on what was sent::
     server.requests[0]["messages"]
 
 A request with nothing left in the script gets HTTP 500 and is recorded in
-``unexpected`` (the test fails on it at teardown).
+``unexpected`` (the test fails on it at teardown). A reply with a ``delay``
+is held that long before it is sent (a slow model; ``arrived`` is set when a
+request came in, ``stop()`` lets held replies go).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class Reply:
     status: int = 200
     body: Any = None  # dict → JSON; bytes → sent as they are
     headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0  # seconds the answer is held (a slow model)
 
 
 def completion(message: dict[str, Any], *, prompt_tokens: int = 100, completion_tokens: int = 20,
@@ -61,6 +64,9 @@ class ScriptedLlmServer:
         self.headers: list[dict[str, str]] = []
         self.unexpected: list[str] = []
         self._lock = threading.Lock()
+        self.arrived = threading.Event()
+        self.release = threading.Event()
+        self.answered = 0
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -78,14 +84,22 @@ class ScriptedLlmServer:
                         reply = Reply(500, {"error": {"message": "nothing scripted"}})
                     else:
                         reply = server.replies.popleft()
+                server.arrived.set()
+                if reply.delay:
+                    server.release.wait(reply.delay)
                 body = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()
-                self.send_response(reply.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                for name, value in reply.headers.items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.send_response(reply.status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    for name, value in reply.headers.items():
+                        self.send_header(name, value)
+                    self.end_headers()
+                    self.wfile.write(body)
+                except OSError:  # the caller abandoned the call
+                    return
+                with server._lock:
+                    server.answered += 1
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -102,6 +116,7 @@ class ScriptedLlmServer:
         return self
 
     def stop(self) -> None:
+        self.release.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 

@@ -126,7 +126,7 @@ def _final_answer(content: str | None, schema: Mapping[str, Any] | None) -> tupl
     return data, problems[:MAX_FEEDBACK_ERRORS]
 
 
-def _tool_result(ctx: ActionContext, call: Mapping[str, str], names: Mapping[str, str]) -> str:
+def _tool_result(ctx: ActionContext, call: Mapping[str, str], names: Mapping[str, str]) -> Envelope:
     tool_id = names.get(call["name"], call["name"] if call["name"] in names.values() else None)
     if tool_id is None:
         envelope = Envelope.failure(ErrorCode.POLICY_VIOLATION,
@@ -141,7 +141,7 @@ def _tool_result(ctx: ActionContext, call: Mapping[str, str], names: Mapping[str
                                         retryable=False)  # fmt: skip
         else:
             envelope = ctx.call_tool(tool_id, args, call["key"])
-    return json.dumps(envelope.as_dict(), default=str)[:MAX_TOOL_RESULT_CHARS]
+    return envelope
 
 
 def _client(ctx: ActionContext) -> llm.LlmClient:
@@ -155,10 +155,20 @@ def _client(ctx: ActionContext) -> llm.LlmClient:
         )
 
 
+def _cancelled(what: str) -> StepFailure:
+    return StepFailure(ErrorCode.CANCELLED, what, retryable=False)
+
+
 def handler(ctx: ActionContext, config: Mapping[str, Any]) -> Envelope:
     if ctx.call_tool is None:
         raise StepFailure(ErrorCode.INTERNAL, "tools cannot be called here")
-    client = _client(ctx)
+    # A cancel shuts the model call in flight down (its connections are the step's own), and a
+    # tool in flight stops as that tool's own step would (a sandbox killed, an HTTP call abandoned).
+    with _client(ctx).interruptible(ctx.cancelled) as client:
+        return _converse(ctx, config, client)
+
+
+def _converse(ctx: ActionContext, config: Mapping[str, Any], client: llm.LlmClient) -> Envelope:
     deadline = time.monotonic() + ctx.timeout_seconds
     specs, names = tools.function_specs(tools.tools_matching(config.get("tools") or [], ctx.workspace_id))
     schema = config.get("output_schema")
@@ -168,19 +178,27 @@ def handler(ctx: ActionContext, config: Mapping[str, Any]) -> Envelope:
         while state["pending"]:
             ctx.save_state(state)  # a tool call may park the run: resume from here
             call = state["pending"][0]
-            content = _tool_result(ctx, call, names)
+            envelope = _tool_result(ctx, call, names)
+            if ctx.cancelled.is_set():
+                error = (envelope.error or {}).get("message") or "it was not called"
+                raise _cancelled(
+                    f"turn {state['turns']}: tool call {call['name'][:100]} was interrupted: {error}"
+                )
+            content = json.dumps(envelope.as_dict(), default=str)[:MAX_TOOL_RESULT_CHARS]
             state["messages"].append({"role": "tool", "tool_call_id": call["id"], "content": content})
             state["pending"].pop(0)
         if state["turns"] >= max_turns:
             raise StepFailure(ErrorCode.INVALID_ARGUMENT,
                               f"the model gave no acceptable final answer in {max_turns} turns", retryable=False)  # fmt: skip
-        if ctx.cancel_requested():
-            raise StepFailure(ErrorCode.CANCELLED, "the run was cancelled")
+        if ctx.cancelled.is_set() or ctx.cancel_requested():
+            raise _cancelled(f"cancelled between turns, after turn {state['turns']}")
         ctx.cost_meter.check()
         try:
             completion = client.chat(state["messages"], tools=specs or None, max_tokens=config.get("max_tokens"),
                                      deadline=deadline)  # fmt: skip
         except llm.LlmError as exc:
+            if exc.code == ErrorCode.CANCELLED:
+                raise _cancelled(f"turn {state['turns'] + 1}: {exc.message}") from exc
             raise StepFailure(exc.code, exc.message, retryable=exc.retryable, detail=exc.detail)
         state["turns"] += 1
         for name, count in completion.usage.as_dict().items():
