@@ -279,7 +279,7 @@ class AutomationAdmin(WorkspaceScopedAdmin):
             return redirect("admin:automations_automation_change", automation.pk)
         diff = selectors.definition_diff(automation.definition, old.definition, f"version {automation.version} (current)",
                                          f"version {version}")  # fmt: skip
-        return self._page(request, automation, "restore.html", version=old, diff=diff,
+        return self._page(request, automation, "restore.html", version=old, diff=diff, button=f"Restore version {version}",
                           title=f"Restore version {version} of {automation.name}?")  # fmt: skip
 
     def save_model(self, request, obj, form, change):

@@ -198,3 +198,24 @@ def test_the_run_page_links_along_an_event_chain_with_its_depth(workspace, opera
     )
     assert 'id="child-runs">started no run<' in below
     assert "re-run of" in admin.get(_page(rerun)).content.decode()
+
+
+def test_the_confirm_pages_share_one_form(automation, operator, drive):
+    run = drive(services.run_create(automation=automation, inputs={}, user=operator).run.pk)
+    services.automation_update(
+        automation=automation, user=operator, definition={**automation.definition, "name": "v2"}
+    )
+    admin = staff(operator)
+    pages = {
+        "run": reverse("admin:automations_automation_run", args=[automation.pk]),
+        "restore": reverse("admin:automations_automation_restore", args=[automation.pk, 1]),
+        "rerun": reverse("admin:automations_run_rerun", args=[run.pk]),
+        "cancel": reverse("admin:automations_run_cancel", args=[run.pk]),
+    }
+
+    for name, url in pages.items():
+        response = admin.get(url)
+        assert response.status_code == 200, name
+        assert "admin/automations/_confirm_form.html" in [t.name for t in response.templates], name
+        assert 'name="csrfmiddlewaretoken"' in response.content.decode(), name
+    assert 'value="Restore version 1"' in admin.get(pages["restore"]).content.decode()
