@@ -64,11 +64,13 @@ logger = logging.getLogger(__name__)
 class Executor(RunRecorder):
     """Drives a claimed run step by step; what happened is recorded by :class:`RunRecorder`."""
 
-    def __init__(self, run: Run, me: str):
+    def __init__(self, run: Run, me: str, *, careful: bool = False):
         super().__init__(run, me)
         # The claim just read the row: the first step needs no fresh look at the cancel flag.
         self.fresh = True
         self.batching = False
+        # No quick stretches: every step checkpointed, so a step that kills its worker is seen (recovery.py).
+        self.careful = careful
 
     # --- the loop ------------------------------------------------------------
 
@@ -143,7 +145,7 @@ class Executor(RunRecorder):
         plan = steps.steps_of(self.run, self.run.phase)
         if self.run.step_index >= len(plan):
             return True  # finishing is quick too
-        return steps.is_quick(plan[self.run.step_index], self.run.workspace_id)
+        return not self.careful and steps.is_quick(plan[self.run.step_index], self.run.workspace_id)
 
     def _start(self) -> None:
         now = timezone.now()
@@ -298,8 +300,14 @@ class Executor(RunRecorder):
             step_run, step, attempt, stored_config, envelope, started=started, started_at=now))  # fmt: skip
 
 
-def execute_run(run_id: str, me: str | None = None) -> str | None:
+def execute_run(run_id: str, me: str | None = None, *, careful: bool = False) -> str | None:
     """Claim a run and drive it as far as it can go; returns the status it left in.
+
+    ``careful``: the broker gave this run's message back, so a worker died holding it,
+    perhaps inside a quick stretch, which leaves no trace (its transaction, the claim's
+    too, rolled back). This time every step is checkpointed ``running`` before its
+    handler, so a step that kills its worker again is recovered and counted like any
+    other, up to ``AUTOPLANE_MAX_RECOVERIES`` (see :mod:`.recovery`).
 
     A transient database error (a restart, a killed connection) anywhere but a
     call's outcome (retried where it is recorded) starts over from the database's
@@ -317,7 +325,7 @@ def execute_run(run_id: str, me: str | None = None) -> str | None:
                 return None
             if run.status in FINAL_RUN_STATUSES:
                 return run.status
-            executor = Executor(run, me)
+            executor = Executor(run, me, careful=careful)
             with logs.bound(run_id=str(run.pk), trace_id=run.trace_id, workspace=run.workspace_id):
                 going_on = executor.begin()
         if going_on:

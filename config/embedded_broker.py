@@ -15,5 +15,14 @@ from django.conf import settings
 from kombu.transport import sqlalchemy
 
 
+class Channel(sqlalchemy.Channel):
+    def _restore(self, message) -> None:
+        # Marked as Redis and RabbitMQ mark a message given back (a worker died holding it):
+        # kombu's virtual transports set a flag the receiving side never reads.
+        message.delivery_info["redelivered"] = True
+        super()._restore(message)
+
+
 class Transport(sqlalchemy.Transport):
+    Channel = Channel
     polling_interval = settings.EMBEDDED_BROKER_POLLING_INTERVAL

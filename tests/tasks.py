@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
 from celery import shared_task
+
+from capabilities import registry
+from capabilities.base import ActionDefinition, Capability
 
 
 @shared_task(name="tests.sleep", ignore_result=False)
@@ -33,3 +37,36 @@ def database_session() -> str:
         cursor.execute("SELECT 1")
     _connections.append(connection.connection)
     return f"{os.getpid()}:{id(connection.connection)}"
+
+
+def _kill_own_process(ctx, config):
+    os.kill(os.getpid(), signal.SIGKILL)  # kill -9 of the process running the step, mid-step
+    raise AssertionError("unreachable")
+
+
+# A quick step (no side effects, milliseconds) that kills its worker every time: the poison
+# run of tests/automations/test_quick_step_crash.py. A worker registers it only when started
+# with AUTOPLANE_TEST_CRASH_ACTION=1; the test process registers it for one test.
+CRASH_ACTION = ActionDefinition(
+    name="test_crash_worker",
+    description="Test only: kill -9 the process that runs this step.",
+    config_schema={"type": "object"},
+    describe=lambda config: Capability(
+        id="test_crash_worker", idempotent=True, expected_duration_seconds=0.01
+    ),
+    handler=_kill_own_process,
+)
+
+
+def register_crash_action() -> None:
+    registry.ACTIONS[CRASH_ACTION.name] = "tests.tasks.CRASH_ACTION"
+    registry.get_action.cache_clear()
+
+
+def unregister_crash_action() -> None:
+    registry.ACTIONS.pop(CRASH_ACTION.name, None)
+    registry.get_action.cache_clear()
+
+
+if os.environ.get("AUTOPLANE_TEST_CRASH_ACTION") == "1":
+    register_crash_action()
