@@ -139,6 +139,8 @@ class Run(models.Model):
             models.Index(fields=["workspace", "-created_at", "-id"], name="run_ws_created_idx"),
             models.Index(fields=["automation", "-created_at", "-id"], name="run_automation_idx"),
             models.Index(fields=["workspace", "status", "-created_at", "-id"], name="run_ws_status_idx"),
+            # A status across workspaces (a superuser's admin filter, the home page's failed runs).
+            models.Index(fields=["status", "-created_at", "-id"], name="run_status_created_idx"),
             models.Index(fields=["status", "lease_expires_at"], name="run_status_lease_idx"),
             models.Index(fields=["automation", "concurrency_key", "status"], name="run_concurrency_idx"),
         ]
@@ -159,7 +161,8 @@ class StepStatus(models.TextChoices):
 
 
 class StepRun(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    # No single-column index: steprun_unique leads with run.
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps", db_index=False)
     phase = models.CharField(max_length=16, default="plan")
     index = models.PositiveIntegerField()
     step_id = models.CharField(max_length=64)

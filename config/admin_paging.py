@@ -6,6 +6,10 @@ count is exact up to ``EXACT_UP_TO`` rows, read with a ``LIMIT`` so it stops ear
 past that it is the planner's estimate (``EXPLAIN``, never executed; PostgreSQL only),
 shown as a round number; where the planner expects far more rows than that, nothing is
 counted at all. ``HistoryAdminMixin`` turns off the whole-table count too.
+
+Pages stop at ``MAX_PAGES``: page N is an OFFSET, which reads every row above it, so
+the newest ``MAX_PAGES`` pages of a list are offered and older rows are reached by
+narrowing it (a filter, a search), as the changelist then says.
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ from __future__ import annotations
 import json
 from functools import cached_property
 
-from django.core.paginator import Paginator
+from django.contrib import messages
+from django.core.paginator import EmptyPage, Paginator
 from django.db import connections
 
 EXACT_UP_TO = 1000
+MAX_PAGES = 20
 
 
 def planner_estimate(queryset) -> int | None:
@@ -51,6 +57,23 @@ class EstimatedCountPaginator(Paginator):
             return counted
         return max(_rounded(estimate or 0), counted)
 
+    @cached_property
+    def num_pages(self) -> int:
+        return min(Paginator.num_pages.func(self), MAX_PAGES)  # type: ignore[attr-defined]
+
+    @property
+    def capped(self) -> bool:
+        """Whether rows lie beyond the last page offered."""
+        return self.count > MAX_PAGES * self.per_page
+
+    def validate_number(self, number):
+        try:
+            return super().validate_number(number)
+        except EmptyPage:
+            if int(number) > 1 and self.capped:
+                return self.num_pages  # a deeper page asked for (an old link): the deepest offered
+            raise
+
 
 class HistoryAdminMixin:
     """For a ModelAdmin over a big table: no full COUNT(*), no date drill-down."""
@@ -59,3 +82,11 @@ class HistoryAdminMixin:
     show_full_result_count = False
     date_hierarchy = None
     list_per_page = 50
+
+    def changelist_view(self, request, extra_context=None):
+        response = super().changelist_view(request, extra_context)  # type: ignore[misc]
+        changelist = (getattr(response, "context_data", None) or {}).get("cl")
+        if changelist is not None and getattr(changelist.paginator, "capped", False):
+            messages.info(request, f"Only the first {MAX_PAGES * self.list_per_page:,} rows are paged: "
+                                   "narrow the list with a filter or a search to reach the others.")  # fmt: skip
+        return response

@@ -13,7 +13,7 @@ from audit.models import AuditCheckpoint
 from automations import selectors as automation_selectors
 from automations.models import Automation, Run, RunStatus
 from config.celery import QUEUES
-from workspaces.access import workspace_ids_for, workspaces_for
+from workspaces.access import workspace_ids_for
 from workspaces.models import Permission
 
 from .selectors import workers_by_queue
@@ -31,7 +31,7 @@ class NeedsMe:
 def needs_me(user) -> NeedsMe:
     approvals, runs = Approval.objects.all(), Run.objects.all()
     if not user.is_superuser:
-        visible = workspaces_for(user, Permission.VIEW).values("id")
+        visible = workspace_ids_for(user, Permission.VIEW)  # ids, so the planner sees real numbers
         approvals, runs = approvals.filter(workspace__in=visible), runs.filter(workspace__in=visible)
     recent = runs.filter(created_at__gte=timezone.now() - WINDOW)
     return NeedsMe(

@@ -129,3 +129,27 @@ def test_far_past_the_limit_nothing_is_counted(history, monkeypatch):
         response = client.get(reverse("admin:automations_run_changelist"), {"status__exact": "failed"})
     assert response.context["cl"].result_count == 1_200_000
     assert not any("LIMIT 1001" in q["sql"] for q in queries.captured_queries)
+
+
+def test_pages_stop_at_the_cap_and_the_list_says_to_narrow_it(history, monkeypatch):
+    from automations.admin import RunAdmin
+
+    monkeypatch.setattr(admin_paging, "MAX_PAGES", 2)
+    monkeypatch.setattr(RunAdmin, "list_per_page", 5)
+    client = Client()
+    client.force_login(history["superuser"])
+    newest = list(Run.objects.order_by("-created_at", "-id").values_list("pk", flat=True))
+    url = reverse("admin:automations_run_changelist")
+
+    response = client.get(url, {"p": "2"})
+    assert response.status_code == 200
+    assert response.context["cl"].paginator.num_pages == 2  # 12 runs would be 3 pages
+    assert [run.pk for run in response.context["cl"].result_list] == newest[5:10]
+    assert "narrow the list with a filter or a search" in response.content.decode()
+
+    deeper = client.get(url, {"p": "3"})  # past the cap (an old link): the deepest page offered
+    assert deeper.status_code == 200
+    assert [run.pk for run in deeper.context["cl"].result_list] == newest[5:10]
+
+    narrowed = client.get(url, {"status__exact": "failed"})  # 4 runs: one page, no note
+    assert "narrow the list" not in narrowed.content.decode()
