@@ -138,11 +138,10 @@ _PG_ROW = "(%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s::jsonb, %s)"
 _SQLITE_ROW = "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 
 
-def _insert(connection, entries: list[dict[str, Any]], *, events: bool = True) -> list[AuditEvent]:
-    """One INSERT for all ``entries``: no lock, no read, nothing shared with other writers.
-
-    Returns the saved events (none when ``events`` is false: a batch's caller has no use for them).
-    """
+def _insert_sql(
+    connection, entries: list[dict[str, Any]], *, returning: bool = True
+) -> tuple[str, list[Any]]:
+    """One INSERT for all ``entries``: no lock, no read, nothing shared with other writers."""
     row = _PG_ROW if connection.vendor == "postgresql" else _SQLITE_ROW
     params: list[Any] = []
     for fields in entries:
@@ -156,7 +155,14 @@ def _insert(connection, entries: list[dict[str, Any]], *, events: bool = True) -
         ]  # fmt: skip
     # Placeholders only: no value is ever formatted into the statement.
     rows = ", ".join([row] * len(entries))
-    sql = f"INSERT INTO audit_auditevent ({', '.join(_COLUMNS)}) VALUES {rows} RETURNING id"  # noqa: S608
+    sql = f"INSERT INTO audit_auditevent ({', '.join(_COLUMNS)}) VALUES {rows}"  # noqa: S608
+    return (sql + " RETURNING id" if returning else sql), params
+
+
+def _insert(connection, entries: list[dict[str, Any]], *, events: bool = True) -> list[AuditEvent]:
+    """Write ``entries`` in one INSERT. Returns the saved events (none when ``events`` is false:
+    a batch's caller has no use for them)."""
+    sql, params = _insert_sql(connection, entries)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         ids = [r[0] for r in cursor.fetchall()]
@@ -221,6 +227,28 @@ def append(
     A payload larger than ``AUTOPLANE_AUDIT_MAX_PAYLOAD_BYTES`` is replaced by
     its size, sha256 and a short preview.
     """
+    fields = _fields(trace_id=trace_id, type=type, summary=summary, outcome=outcome, workspace_id=workspace_id,
+                     stage=stage, refs=refs, actor=actor, payload=payload, secrets=secrets)  # fmt: skip
+    if _batch.entries is not None:
+        _batch.entries.append(fields)
+        return AuditEvent(**fields)
+    connection = connections[router.db_for_write(AuditEvent)]
+    if connection.vendor not in ("postgresql", "sqlite"):
+        raise NotImplementedError(f"the audit ledger supports PostgreSQL and SQLite, not {connection.vendor}")
+    return _insert(connection, [fields])[0]
+
+
+def statement(**kwargs: Any) -> tuple[str, list[Any]]:
+    """The INSERT that :func:`append` (same arguments) would send, for a caller that sends it
+    with other writes in one round trip (:mod:`config.one_round_trip`)."""
+    return _insert_sql(connections[router.db_for_write(AuditEvent)], [_fields(**kwargs)], returning=False)
+
+
+def _fields(
+    *, trace_id: str, type: str, summary: str, outcome: str = Outcome.INFO, workspace_id: int | None = None,
+    stage: str = "", refs: dict[str, Any] | None = None, actor: str = "system",
+    payload: dict[str, Any] | None = None, secrets: Iterable[str] = (),
+) -> dict[str, Any]:  # fmt: skip
     if not trace_id:
         raise ValueError("audit events require a trace_id")
     if outcome not in _OUTCOMES:
@@ -243,10 +271,4 @@ def append(
             raise ValueError(f"audit {name} longer than {limit} characters")
     fields["timestamp"] = timezone.now()
     fields["entry_hash"] = entry_hash(fields)
-    if _batch.entries is not None:
-        _batch.entries.append(fields)
-        return AuditEvent(**fields)
-    connection = connections[router.db_for_write(AuditEvent)]
-    if connection.vendor not in ("postgresql", "sqlite"):
-        raise NotImplementedError(f"the audit ledger supports PostgreSQL and SQLite, not {connection.vendor}")
-    return _insert(connection, [fields])[0]
+    return fields

@@ -49,6 +49,11 @@ def lock_automation(automation_id: Any) -> Automation | None:
     return Automation.objects.select_for_update(no_key=True).filter(pk=automation_id).first()
 
 
+def needs_lock(automation: Automation) -> bool:
+    """Whether :func:`admit` takes the automation's row lock (and reads) for a new run of it."""
+    return Limit.of(automation.definition).max_concurrent is not None
+
+
 def admit(automation: Automation, concurrency_key: str) -> tuple[Admission, Automation]:
     """May a new run of ``automation`` start now? Call inside the transaction that creates it.
 

@@ -13,24 +13,24 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 from jsonschema import Draft202012Validator
 
 from audit import writer
 from audit.models import Outcome
-from config import instruments
+from config import instruments, one_round_trip
 from config.celery import QUEUE_FAST, QUEUE_LONG, QUEUE_MEDIUM
 from config.errors import ServiceError
 
 from . import definition as defs
-from .concurrency import Admission, admit
+from .concurrency import Admission, admit, needs_lock
 from .enqueue import run_enqueue
 from .expressions import template
 from .models import Automation, DispatchKey, Run, RunStatus
@@ -74,9 +74,9 @@ class DispatchRequest:
     # The automation row when the caller already read it (a webhook's trigger lookup joins
     # it): dispatch then reads it again only under the concurrency lock, when there is one.
     automation: Automation | None = None
-    # Called with the new run inside the transaction that creates it (a trigger's
-    # ``last_fired_at``), so the caller needs no transaction (and savepoint) of its own.
-    on_created: Callable[[Run], None] | None = None
+    # An UPDATE (queryset, values) made in the transaction that creates the run (a
+    # trigger's ``last_fired_at``), so the caller needs no transaction of its own.
+    touch: tuple[QuerySet, dict[str, Any]] | None = None
 
 
 @dataclass
@@ -224,6 +224,9 @@ def dispatch(request: DispatchRequest) -> DispatchResult:
     concurrency_key = _concurrency_key(snapshot, inputs, request.trigger_payload)
     trace_id = request.trace_id or uuid.uuid4().hex
 
+    if request.dedupe is None and one_round_trip.available() and not needs_lock(automation):
+        return _create_in_one_round_trip(request, automation, inputs, concurrency_key, trace_id)
+
     with transaction.atomic():
         if request.dedupe is not None:
             replay = _claim_dedupe(request.dedupe)
@@ -233,13 +236,11 @@ def dispatch(request: DispatchRequest) -> DispatchResult:
         admission, automation = admit(automation, concurrency_key)
         if automation.archived_at is not None:  # archived while this dispatch was on its way
             raise DispatchError("CONFLICT", "the automation is archived", 409)
-        snapshot = automation.definition
-        actor_refs = {"automation": str(automation.pk), "trigger": str(request.trigger_id or "")}
         if admission == Admission.DROP:
             writer.append(
                 trace_id=trace_id, type="run.suppressed", outcome=Outcome.SUPPRESSED,
                 summary=f"{automation.name}: dropped, a run is already active (drop_if_running)",
-                workspace_id=automation.workspace_id, actor=request.triggered_by, refs=actor_refs,
+                workspace_id=automation.workspace_id, actor=request.triggered_by, refs=_actor_refs(request, automation),
                 payload={"trigger_type": request.trigger_type, "concurrency_key": concurrency_key},
             )  # fmt: skip
             if request.dedupe is not None:
@@ -247,46 +248,89 @@ def dispatch(request: DispatchRequest) -> DispatchResult:
             instruments.fired(trigger_type=request.trigger_type, result="suppressed")
             return DispatchResult(run=None, suppressed=True)
         hold = admission == Admission.HOLD
-        now = timezone.now()
-        run = Run.objects.create(
-            workspace_id=automation.workspace_id,
-            automation=automation,
-            automation_version=automation.version,
-            snapshot=snapshot,
-            status=RunStatus.QUEUED,
-            inputs=inputs,
-            trigger_type=request.trigger_type,
-            trigger_key=request.trigger_key,
-            trigger_id=request.trigger_id,
-            trigger_payload=request.trigger_payload,
-            triggered_by=request.triggered_by,
-            principal_ids=sorted({int(pk) for pk in request.principal_ids if pk is not None}),
-            trace_id=trace_id,
-            parent_run_id=request.parent_run_id,
-            chain_depth=request.chain_depth,
-            concurrency_key=concurrency_key,
-            queue=queue_for(snapshot, automation.workspace_id),
-            enqueued_at=None if hold else now,
-        )
+        run = _new_run(request, automation, inputs, concurrency_key, trace_id, hold=hold)
+        run.save(force_insert=True)
         if request.dedupe is not None:
             DispatchKey.objects.filter(scope=request.dedupe.scope, key=request.dedupe.key).update(run=run)
-        if request.on_created is not None:
-            request.on_created(run)
-        writer.append(
-            trace_id=trace_id, type="run.created",
-            summary=f"{automation.name} v{automation.version}: run created by {request.trigger_type}"
-            + (" (queued behind an active run)" if hold else ""),
-            workspace_id=automation.workspace_id, actor=request.triggered_by,
-            refs={**actor_refs, "run": str(run.pk), "parent_run": str(request.parent_run_id or "")},
-            payload={"trigger_type": request.trigger_type, "trigger_key": request.trigger_key,
-                     "queue": run.queue, "inputs": inputs, "held": hold},
-        )  # fmt: skip
-        instruments.fired(trigger_type=request.trigger_type, result="created")
-        log_change(run.pk, RunStatus.QUEUED, detail=f"{request.trigger_type} run of {automation.name}"
-                   + (", held behind an active run" if hold else ""))  # fmt: skip
-        if not hold:
-            run_enqueue(run)
+        if request.touch is not None:
+            request.touch[0].update(**request.touch[1])
+        writer.append(**_created_event(request, automation, run, inputs, hold=hold))
+        _created(request, automation, run, hold=hold)
     return DispatchResult(run=run, created=True)
+
+
+def _create_in_one_round_trip(
+    request: DispatchRequest,
+    automation: Automation,
+    inputs: dict[str, Any],
+    concurrency_key: str,
+    trace_id: str,
+) -> DispatchResult:
+    """The run, the caller's ``touch`` and ``run.created`` in one round trip and one transaction.
+
+    What the atomic path does when there is nothing to dedupe and no concurrency
+    limit to take a lock for (so nothing to read first): the same rows, sent as one
+    multi-statement query (:mod:`config.one_round_trip`), and queued once it returned.
+    """
+    run = _new_run(request, automation, inputs, concurrency_key, trace_id, hold=False)
+    statements = [one_round_trip.insert(run)]
+    if request.touch is not None:
+        statements.append(one_round_trip.update(*request.touch))
+    statements.append(writer.statement(**_created_event(request, automation, run, inputs, hold=False)))
+    one_round_trip.execute(statements)
+    one_round_trip.mark_saved(run)
+    _created(request, automation, run, hold=False)  # not in a transaction: queued now
+    return DispatchResult(run=run, created=True)
+
+
+def _actor_refs(request: DispatchRequest, automation: Automation) -> dict[str, str]:
+    return {"automation": str(automation.pk), "trigger": str(request.trigger_id or "")}
+
+
+def _new_run(request: DispatchRequest, automation: Automation, inputs: dict[str, Any], concurrency_key: str,
+             trace_id: str, *, hold: bool) -> Run:  # fmt: skip
+    snapshot = automation.definition
+    return Run(
+        workspace_id=automation.workspace_id,
+        automation=automation,
+        automation_version=automation.version,
+        snapshot=snapshot,
+        status=RunStatus.QUEUED,
+        inputs=inputs,
+        trigger_type=request.trigger_type,
+        trigger_key=request.trigger_key,
+        trigger_id=request.trigger_id,
+        trigger_payload=request.trigger_payload,
+        triggered_by=request.triggered_by,
+        principal_ids=sorted({int(pk) for pk in request.principal_ids if pk is not None}),
+        trace_id=trace_id,
+        parent_run_id=request.parent_run_id,
+        chain_depth=request.chain_depth,
+        concurrency_key=concurrency_key,
+        queue=queue_for(snapshot, automation.workspace_id),
+        enqueued_at=None if hold else timezone.now(),
+    )
+
+
+def _created_event(request: DispatchRequest, automation: Automation, run: Run, inputs: dict[str, Any], *,
+                   hold: bool) -> dict[str, Any]:  # fmt: skip
+    return dict(
+        trace_id=run.trace_id, type="run.created",
+        summary=f"{automation.name} v{automation.version}: run created by {request.trigger_type}"
+        + (" (queued behind an active run)" if hold else ""),
+        workspace_id=automation.workspace_id, actor=request.triggered_by,
+        refs={**_actor_refs(request, automation), "run": str(run.pk), "parent_run": str(request.parent_run_id or "")},
+        payload={"trigger_type": request.trigger_type, "trigger_key": request.trigger_key,
+                 "queue": run.queue, "inputs": inputs, "held": hold},
+    )  # fmt: skip
+
+
+def _created(request: DispatchRequest, automation: Automation, run: Run, *, hold: bool) -> None:
+    instruments.fired(trigger_type=request.trigger_type, result="created")
+    log_change(run.pk, RunStatus.QUEUED, detail=f"{request.trigger_type} run of {automation.name}"
+               + (", held behind an active run" if hold else ""))  # fmt: skip
+    if not hold:
+        run_enqueue(run)
 
 
 def purge_dispatch_keys() -> int:

@@ -409,9 +409,6 @@ def _fire(trigger: Trigger, request: FireRequest, now: datetime) -> DispatchResu
                               reason=f"input mapping: {exc}") from None  # fmt: skip
     dedupe = Dedupe(scope=f"trigger:{trigger.pk}", key=key, request_hash=request_hash(body)) if key else None
 
-    def fired(run) -> None:  # in the transaction that creates the run
-        Trigger.objects.filter(pk=trigger.pk).update(last_fired_at=now)
-
     try:
         return dispatch(
             DispatchRequest(
@@ -419,7 +416,8 @@ def _fire(trigger: Trigger, request: FireRequest, now: datetime) -> DispatchResu
                 trigger_key=trigger.key, trigger_id=trigger.pk, trigger_payload=body,
                 triggered_by=f"webhook:{trigger.key}", dedupe=dedupe,
                 last_fired_at=trigger.last_fired_at or trigger.created_at,
-                principal_ids=webhook_principals(trigger), automation=trigger.automation, on_created=fired,
+                principal_ids=webhook_principals(trigger), automation=trigger.automation,
+                touch=(Trigger.objects.filter(pk=trigger.pk), {"last_fired_at": now}),
             )
         )  # fmt: skip
     except DispatchError as exc:

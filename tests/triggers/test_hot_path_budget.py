@@ -22,10 +22,12 @@ from tests.factories import definition, fire, webhook
 from triggers.models import Trigger
 from triggers.services import trigger_token_rotate
 
-# Trigger lookup (with its automation), then one transaction: run insert,
-# last_fired_at, one audit insert; on the database rate-limit lane the window's
+# Trigger lookup (with its automation), then the run insert, last_fired_at and one
+# audit insert: on PostgreSQL one multi-statement query (config.one_round_trip), else
+# one transaction (BEGIN … COMMIT); on the database rate-limit lane the window's
 # upsert (and, first in a window, the clean-up of old windows) on top.
-FIRE_BUDGET = 6 if settings.AUTOPLANE_RATE_LIMIT_REDIS_URL else 8
+RATE_LIMIT_STATEMENTS = 0 if settings.AUTOPLANE_RATE_LIMIT_REDIS_URL else 2
+FIRE_BUDGET = (2 if connection.vendor == "postgresql" else 6) + RATE_LIMIT_STATEMENTS
 # One transaction: the claim (an UPDATE returning the run), the step row insert, the
 # run's finish, the event bus' subscriber check and event row, one audit insert for
 # all the run's events (run.started, step.started/succeeded, run.succeeded, event.published).
