@@ -6,7 +6,7 @@ from . import views
 
 urlpatterns = [
     # Any string, not only a UUID: an id that cannot exist answers the same 401 as one that does not.
-    path("automations/<str:automation_id>/fire", views.AutomationFire.as_view(), name="automation-fire"),
+    path("automations/<str:automation_id>/fire", views.automation_fire, name="automation-fire"),
     path("automations/<uuid:pk>/triggers", views.AutomationTriggers.as_view(), name="automation-triggers"),
     path("triggers/<uuid:pk>/rotate-token", views.TriggerRotateToken.as_view(), name="trigger-rotate-token"),
     path("triggers/<uuid:pk>/revoke-token", views.TriggerRevokeToken.as_view(), name="trigger-revoke-token"),

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404
+from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics
 from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.permissions import AllowAny
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from automations.api.serializers import RunAccepted, dispatch_body
 from automations.dispatcher import DispatchResult
 from automations.selectors import automations_visible_to
+from config.api_errors import exception_handler
 from config.openapi import errors
 from workspaces.api import require
 from workspaces.models import Permission
@@ -104,7 +108,11 @@ _WEBHOOK_HEADERS = [
 
 
 class AutomationFire(APIView):
-    """Fire a webhook trigger (SPEC §6.2); the bearer token alone authenticates."""
+    """Fire a webhook trigger (SPEC §6.2); the bearer token alone authenticates.
+
+    POST is served by :func:`automation_fire`; this class describes the endpoint in
+    the OpenAPI schema and answers every other method (405, OPTIONS).
+    """
 
     authentication_classes: list = []
     permission_classes = [AllowAny]
@@ -125,3 +133,45 @@ class AutomationFire(APIView):
         )  # fmt: skip
         result = webhooks.webhook_fire(fire)
         return _dispatch_response(result)
+
+
+_fire_other_methods = AutomationFire.as_view()
+_json = JSONRenderer()
+_ALLOW = ", ".join(AutomationFire().allowed_methods)
+
+
+def _rendered(response: Response) -> Response:
+    response.accepted_renderer = _json
+    response.accepted_media_type = _json.media_type
+    response.renderer_context = {}
+    return response
+
+
+@csrf_exempt
+def automation_fire(request: HttpRequest, automation_id: str) -> HttpResponse:
+    """``POST /fire`` as a plain Django view: no DRF request wrapper, negotiation or view
+    dispatch on the hot path, and the same answers as the APIView byte for byte (DRF's
+    JSON renderer, the API's exception handler, DRF's ``Allow`` header)."""
+    if request.method != "POST":
+        return _fire_other_methods(request, automation_id=automation_id)
+    fire = webhooks.FireRequest(
+        automation_id=automation_id, headers=request.headers, content_length=request.META.get("CONTENT_LENGTH"),
+        read_body=request.read, remote_addr=request.META.get("REMOTE_ADDR", ""),
+    )  # fmt: skip
+    try:
+        body, status_code = dispatch_body(webhooks.webhook_fire(fire))
+        response: HttpResponse = HttpResponse(
+            _json.render(body), status=status_code, content_type=_json.media_type
+        )
+    except Exception as exc:
+        handled = exception_handler(exc, {"request": request, "view": None})
+        if handled is None:
+            raise
+        response = _rendered(handled) if isinstance(handled, Response) else handled
+    response["Allow"] = _ALLOW
+    return response
+
+
+# drf-spectacular (and tests listing the API's views) read the endpoint from its APIView.
+automation_fire.cls = AutomationFire  # type: ignore[attr-defined]
+automation_fire.initkwargs = {}  # type: ignore[attr-defined]
