@@ -703,6 +703,9 @@ class StepRunAdmin(HistoryAdminMixin, WorkspaceScopedAdmin):
     def has_change_permission(self, request, obj=None):
         return False
 
+    def has_delete_permission(self, request, obj=None):
+        return False  # history: the retention sweep prunes it, never a hand in the admin
+
 
 @admin.register(DomainEvent)
 class DomainEventAdmin(HistoryAdminMixin, WorkspaceScopedAdmin):
@@ -723,6 +726,9 @@ class DomainEventAdmin(HistoryAdminMixin, WorkspaceScopedAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # history: the retention sweep prunes it, never a hand in the admin
 
 
 class DraftPromptForm(forms.Form):

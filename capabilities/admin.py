@@ -11,6 +11,9 @@ from django.contrib import admin, messages
 from django.db.models import F
 from django.utils.html import format_html
 
+from workspaces.access import may_act, workspace_ids_for, workspaces_for
+from workspaces.models import Permission
+
 from . import credentials, mcp
 from .models import Credential, CredentialKind, McpServer, McpTool, McpToolStatus, McpTransport, RiskLevel
 
@@ -23,6 +26,47 @@ WRITE_ONLY_HELP = (
 def _secret_widget() -> forms.PasswordInput:
     # render_value=False: a re-displayed form (e.g. after a validation error) never echoes it.
     return forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"})
+
+
+class WorkspaceAdministeredAdmin(admin.ModelAdmin):
+    """Rows of the workspaces the user may view (superusers: all); adding, changing, deleting and the
+    actions are the workspace ``admin``'s, as in the API (credentials, MCP servers and tools)."""
+
+    workspace_lookup = "workspace"
+
+    def get_queryset(self, request):
+        queryset = super().get_queryset(request)
+        if request.user.is_superuser:
+            return queryset
+        visible = workspace_ids_for(request.user, Permission.VIEW)
+        return queryset.filter(**{f"{self.workspace_lookup}__in": visible})
+
+    def workspace_id_of(self, obj) -> int:
+        return obj.workspace_id
+
+    def administers(self, request, obj) -> bool:
+        return may_act(request.user, self.workspace_id_of(obj), Permission.ADMINISTER)
+
+    def has_change_permission(self, request, obj=None):
+        allowed = super().has_change_permission(request, obj)
+        return allowed and (obj is None or self.administers(request, obj))
+
+    def has_delete_permission(self, request, obj=None):
+        allowed = super().has_delete_permission(request, obj)
+        return allowed and (obj is None or self.administers(request, obj))
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == "workspace" and not request.user.is_superuser:
+            kwargs["queryset"] = workspaces_for(request.user, Permission.ADMINISTER)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def refused(self, request, obj, label: str) -> bool:
+        """True (and a message saying why) when the user may not act on ``obj``."""
+        if self.administers(request, obj):
+            return False
+        self.message_user(request, f"{label}: your role in this workspace does not allow 'administer'",
+                          messages.ERROR)  # fmt: skip
+        return True
 
 
 def changed_badge(tool: McpTool):
@@ -109,7 +153,7 @@ class CredentialUsedFilter(admin.SimpleListFilter):
 
 
 @admin.register(Credential)
-class CredentialAdmin(admin.ModelAdmin):
+class CredentialAdmin(WorkspaceAdministeredAdmin):
     form = CredentialForm
     list_display = ["name", "kind", "workspace", "updated_at", "created_by"]
     list_filter = ["kind", "workspace", CredentialUsedFilter]
@@ -166,7 +210,8 @@ class CredentialAdmin(admin.ModelAdmin):
 
     def delete_queryset(self, request, queryset):
         for credential in queryset:
-            self.delete_model(request, credential)
+            if not self.refused(request, credential, credential.name):
+                self.delete_model(request, credential)
 
 
 class McpServerForm(forms.ModelForm):
@@ -216,7 +261,7 @@ class McpToolInline(admin.TabularInline):
 
 
 @admin.register(McpServer)
-class McpServerAdmin(admin.ModelAdmin):
+class McpServerAdmin(WorkspaceAdministeredAdmin):
     form = McpServerForm
     list_display = ["slug", "name", "workspace", "transport", "enabled", "last_harvested_at", "last_error"]
     list_filter = ["transport", "enabled", "workspace"]
@@ -260,13 +305,23 @@ class McpServerAdmin(admin.ModelAdmin):
     def delete_model(self, request, obj):
         mcp.mcp_server_delete(server=obj, user=request.user)
 
+    def get_deleted_objects(self, objs, request):
+        """A server goes with its tools (the service deletes both); Django's own walk stops at the
+        tools, which are never deleted by hand, and so refused to delete any server."""
+        names = [f"{server} and its {server.tools.count()} tool(s)" for server in objs]
+        refused = {"MCP server"} if any(not self.administers(request, server) for server in objs) else set()
+        return names, {"MCP servers": len(names)}, refused, []
+
     def delete_queryset(self, request, queryset):
         for server in queryset:
-            mcp.mcp_server_delete(server=server, user=request.user)
+            if not self.refused(request, server, server.slug):
+                mcp.mcp_server_delete(server=server, user=request.user)
 
     @admin.action(description="Harvest now", permissions=["change"])
     def harvest_now(self, request, queryset):
         for server in queryset:
+            if self.refused(request, server, server.slug):
+                continue
             try:
                 counts = mcp.mcp_harvest(server, user=request.user).counts()
             except mcp.McpServiceError as exc:
@@ -292,7 +347,7 @@ class NeedsReviewFilter(admin.SimpleListFilter):
 
 
 @admin.register(McpTool)
-class McpToolAdmin(admin.ModelAdmin):
+class McpToolAdmin(WorkspaceAdministeredAdmin):
     list_display = ["capability", "workspace", "status_badge", "risk", "changed", "last_seen"]
     list_filter = [NeedsReviewFilter, "status", "risk_override", "server__workspace", "server"]
     search_fields = ["name", "server__slug", "description"]
@@ -303,8 +358,13 @@ class McpToolAdmin(admin.ModelAdmin):
     ]  # fmt: skip
     actions = ["reapprove", "risk_low", "risk_medium", "risk_high", "risk_critical", "risk_default"]
 
+    workspace_lookup = "server__workspace"
+
     def get_queryset(self, request):
         return super().get_queryset(request).select_related("server", "server__workspace")
+
+    def workspace_id_of(self, obj) -> int:
+        return obj.server.workspace_id
 
     def has_add_permission(self, request):
         return False
@@ -344,6 +404,8 @@ class McpToolAdmin(admin.ModelAdmin):
     def _each(self, request, queryset, fn, done: str) -> None:
         count = 0
         for tool in queryset:
+            if self.refused(request, tool, mcp.capability_id(tool)):
+                continue
             try:
                 fn(tool)
                 count += 1
