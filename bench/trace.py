@@ -17,8 +17,9 @@ Stages, in the order a fire passes them:
 * ``web.wsgi`` — a thread of the WSGI pool took it (Django's handler starts);
 * ``web.view`` — the fire service was called (middleware and URL routing done);
 * ``web.dispatch`` — authenticated, rate-limited, body read and parsed: dispatch starts;
-* ``run.inserted`` — the run's INSERT returned (``post_save``);
-* ``db.committed`` — the transaction committed (the on-commit publish starts);
+* ``run.inserted`` — the run's rows are written (on PostgreSQL in one multi-statement
+  query that also commits them; elsewhere inside the transaction);
+* ``db.committed`` — committed: the on-commit publish starts;
 * ``broker.published`` — the execute message was published;
 * ``web.response`` — Django returned the response (to the WSGI adapter);
 * ``client.response`` — the client read the whole response;
@@ -49,8 +50,8 @@ SEGMENTS = [
     ("web.asgi", "web.wsgi", "→ a WSGI pool thread takes it"),
     ("web.wsgi", "web.view", "→ fire service called (middleware, routing)"),
     ("web.view", "web.dispatch", "→ authenticated, rate limit, body parsed"),
-    ("web.dispatch", "run.inserted", "→ run row inserted"),
-    ("run.inserted", "db.committed", "→ transaction committed (audit, last_fired_at)"),
+    ("web.dispatch", "run.inserted", "→ run, last_fired_at and audit written"),
+    ("run.inserted", "db.committed", "→ committed"),
     ("db.committed", "broker.published", "→ execute message published"),
     ("broker.published", "web.response", "→ Django returns the response"),
     ("web.response", "client.response", "→ client has the response"),

@@ -10,10 +10,7 @@ from . import trace
 
 
 def _install() -> None:
-    from django.db.models.signals import post_save
-
-    from automations import enqueue
-    from automations.models import Run
+    from automations import dispatcher, enqueue
     from triggers import webhooks
 
     wsgi_app = asgi.application.app
@@ -54,17 +51,20 @@ def _install() -> None:
             if key is not None:
                 trace.stamp(run_id, "broker.published")
 
-    def inserted(sender, instance, created, **kwargs):
-        if created and (key := trace.current_key()) is not None:
-            trace.stamp(str(instance.pk), "run.inserted")
-            trace.link(key, str(instance.pk))
+    created = dispatcher._created
+
+    def traced_created(request, automation, run, **kwargs):  # rows written (committed, on PostgreSQL)
+        if (key := trace.current_key()) is not None:
+            trace.stamp(str(run.pk), "run.inserted")
+            trace.link(key, str(run.pk))
+        return created(request, automation, run, **kwargs)
 
     webhooks.webhook_fire, webhooks.dispatch, enqueue.publish_run = (
         traced_fire,
         traced_dispatch,
         traced_publish,
     )
-    post_save.connect(inserted, sender=Run, weak=False)
+    dispatcher._created = traced_created
 
 
 _install()
