@@ -69,15 +69,18 @@ def _queue_arguments(broker_url: str, visibility_timeout: int) -> dict[str, int]
     return {}
 
 
-QUEUE_ARGUMENTS = _queue_arguments(
-    str(getattr(settings, "CELERY_BROKER_URL", "")), int(getattr(settings, "CELERY_VISIBILITY_TIMEOUT", 7200))
-)
+def _queues() -> dict[str, list[Queue]]:
+    arguments = _queue_arguments(settings.CELERY_BROKER_URL, settings.CELERY_VISIBILITY_TIMEOUT)
+    queues = [
+        Queue(name, Exchange(name), routing_key=name, queue_arguments=arguments or None) for name in QUEUES
+    ]
+    return {"task_queues": queues}
 
+
+# Read when Celery's configuration is first used, not now: importing the settings module
+# imports this one (config/__init__.py), so the settings may not be loaded yet.
+app.add_defaults(_queues)
 app.conf.update(
-    task_queues=[
-        Queue(name, Exchange(name), routing_key=name, queue_arguments=QUEUE_ARGUMENTS or None)
-        for name in QUEUES
-    ],
     task_default_queue=QUEUE_DEFAULT,
     task_default_exchange=QUEUE_DEFAULT,
     task_default_routing_key=QUEUE_DEFAULT,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +169,64 @@ def test_starting_django_does_not_import_another_lanes_broker_client(lane, unwan
                             timeout=300, check=True)  # fmt: skip
 
     assert result.stdout.strip() == "[]"
+
+
+# --- the README's dependency graph is the real one ---------------------------------------
+
+GRAPH_APPS = [
+    "audit",
+    "workspaces",
+    "capabilities",
+    "approvals",
+    "automations",
+    "triggers",
+    "ops",
+    "mcpserver",
+    "bench",
+]
+
+
+def _readme_edges(names: set[str]) -> dict[str, set[str]]:
+    """The README's ``name → a, b (comment)`` lines whose names are among ``names``."""
+    edges: dict[str, set[str]] = {}
+    for line in (ROOT / "README.md").read_text().splitlines():
+        found = re.match(r"^([a-z_, ]+?)\s+→\s+(.*)$", line)
+        if not found:
+            continue
+        heads = {head.strip() for head in found.group(1).split(",")}
+        if not heads <= names:
+            continue
+        targets = set(re.findall(r"[a-z_.]+", re.sub(r"\(.*?\)", "", found.group(2)))) & names
+        for head in heads:
+            edges[head] = targets
+    return edges
+
+
+def test_the_readme_draws_the_apps_real_imports():
+    real: dict[str, set[str]] = {}
+    for app in GRAPH_APPS:
+        imported: set[str] = set()
+        for path in (ROOT / app).rglob("*.py"):  # management commands included
+            if "migrations" not in path.parts:
+                imported |= {name.split(".")[0] for name in _imports(_module_name(path), path)[0]}
+        real[app] = imported & set(GRAPH_APPS) - {app}
+
+    assert _readme_edges(set(GRAPH_APPS)) == real
+
+
+def test_the_readme_draws_the_engines_real_imports():
+    graph = _graph("automations")
+    short = {
+        m.removeprefix("automations."): {d.removeprefix("automations.") for d in deps}
+        for m, deps in graph.items()
+    }
+    names = set(short) | {"expressions"}
+    drawn = {m: targets - {"models"} for m, targets in _readme_edges(names).items()}
+    real = {
+        m: {d.split(".")[0] if d.startswith("expressions") else d for d in short[m]}
+        - {"models", "automations"}
+        for m in drawn
+    }
+
+    assert len(drawn) >= 15
+    assert drawn == real

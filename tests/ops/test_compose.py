@@ -11,6 +11,7 @@ import pytest
 import yaml
 from django.core.management import get_commands, load_command_class
 
+from config import celery
 from config.celery import QUEUES
 from tests.live import REPO
 
@@ -128,3 +129,38 @@ def test_readme_configuration_table_lists_every_variable_settings_reads():
     readme = (REPO / "README.md").read_text()
 
     assert {name for name in read if f"`{name}`" not in readme} == set()
+
+
+SOURCE_APPS = ["audit", "workspaces", "capabilities", "approvals", "automations", "triggers", "ops"]
+SOURCE_APPS += ["mcpserver", "config", "bench"]
+
+
+def test_no_setting_is_read_with_a_hidden_default():
+    """Every setting is declared once, in config/settings.py, and read as ``settings.X``: a
+    ``getattr(settings, "X", default)`` would hide a second default from .env.example and the README."""
+    hidden = [
+        f"{path.relative_to(REPO)}:{number}"
+        for app in SOURCE_APPS
+        for path in (REPO / app).rglob("*.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"getattr\(\s*(django_)?settings\s*,", line)
+    ]
+
+    assert hidden == []
+
+
+def test_queue_arguments_follow_the_settings_when_celery_is_configured(settings):
+    """The queues are declared from the settings when Celery's configuration is first used, not at
+    import (the test settings import config/celery.py before they are loaded)."""
+    settings.CELERY_BROKER_URL = "amqp://guest@127.0.0.1//"
+    settings.CELERY_VISIBILITY_TIMEOUT = 90
+    rabbit = celery._queues()["task_queues"]
+    settings.CELERY_BROKER_URL = "redis://127.0.0.1:6379/4"
+    redis = celery._queues()["task_queues"]
+
+    assert [q.name for q in rabbit] == list(QUEUES)
+    assert {q.name: q.queue_arguments for q in rabbit} == {
+        name: {"x-consumer-timeout": 90_000} for name in QUEUES
+    }
+    assert [q.queue_arguments for q in redis] == [None] * len(QUEUES)
+    assert [q.name for q in celery.app.conf.task_queues] == list(QUEUES)
