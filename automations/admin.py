@@ -26,7 +26,7 @@ from workspaces.api import require_or_superuser
 from workspaces.models import Permission, Workspace
 
 from . import selectors, services
-from .admin_forms import PrettyJSONField, RerunForm, ResolveForm, RunInputsForm
+from .admin_forms import DefinitionEditor, PrettyJSONField, RerunForm, ResolveForm, RunInputsForm
 from .authoring import drafts
 from .models import (
     ACTIVE_RUN_STATUSES,
@@ -75,7 +75,8 @@ def _folded(value):
 
 class AutomationForm(forms.ModelForm):
     user = None  # set by AutomationAdmin.get_form
-    definition = PrettyJSONField(help_text="The automation definition (JSON). See /api/v1/schema/definition.")
+    definition = PrettyJSONField(widget=DefinitionEditor(),
+                                 help_text="The automation definition (JSON). See /api/v1/schema/definition.")  # fmt: skip
 
     class Meta:
         model = Automation

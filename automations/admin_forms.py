@@ -12,9 +12,38 @@ from typing import Any
 
 from django import forms
 
+from .definition import definition_json_schema
 from .models import Automation, Run
 
 SIMPLE_TYPES = ("string", "integer", "number", "boolean")
+
+
+class DefinitionEditor(forms.Textarea):
+    """The definition's textarea, with a JSON code editor drawn over it that checks the text against
+    the definition's JSON schema as you type (static/automations/definition_editor.js). The textarea
+    stays the form field: without JavaScript it is what you edit."""
+
+    template_name = "admin/automations/widgets/definition_editor.html"
+
+    class Media:
+        js = ["dist/jsoneditor.min.js", "automations/definition_editor.js"]
+        css = {"all": ["dist/jsoneditor.min.css"]}
+
+    def __init__(self, attrs=None):
+        super().__init__(attrs={"rows": 30, "cols": 110, "style": "font-family: monospace", "spellcheck": "false",
+                                **(attrs or {})})  # fmt: skip
+
+    def get_context(self, name, value, attrs):
+        context = super().get_context(name, value, attrs)
+        context["widget"]["schema"] = editor_schema()
+        context["widget"]["schema_id"] = f"{context['widget']['attrs'].get('id', name)}-schema"
+        return context
+
+
+def editor_schema() -> dict[str, Any]:
+    """The definition schema for the editor's validator (Ajv, draft-07): the same keywords without
+    the 2020-12 ``$schema`` and the ``$id`` it would try to resolve. Hints only: the save validates."""
+    return {key: value for key, value in definition_json_schema().items() if key not in ("$schema", "$id")}
 
 
 class PrettyJSONField(forms.JSONField):

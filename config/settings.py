@@ -86,6 +86,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "django_json_widget",  # its static JSONEditor (code editor + JSON schema checks) for the definition field
     "django_celery_beat",
     "audit",
     "workspaces",

@@ -7,6 +7,7 @@ Waits are explicit (for a selector, a URL, or the run's row in the database), ne
 
 from __future__ import annotations
 
+import json
 import shutil
 from datetime import timedelta
 from pathlib import Path
@@ -179,3 +180,76 @@ def test_the_approvals_list_opens_on_pending(browser_page, operator_account):
     page.click("#changelist-filter >> text=All")
     page.wait_for_url("**status__exact=all")
     assert "old-denied-one" in page.inner_text("#result_list")
+
+
+def _type_into_the_editor(page, text: str) -> None:
+    """As a user pastes: select all in the code editor, then insert the text."""
+    page.click(".definition-editor .ace_content")
+    page.keyboard.press("Control+A")
+    page.keyboard.insert_text(text)
+
+
+def test_the_definition_editor_checks_the_schema_as_you_type_and_saves(browser_page, operator_account):
+    page = browser_page
+    automation = services.automation_create(
+        workspace=operator_account.memberships.get().workspace, definition=GREETER, user=operator_account
+    )
+    page.goto(f"{page.base}/admin/automations/automation/{automation.pk}/change/")
+    page.wait_for_selector(".definition-editor .jsoneditor")  # the editor, served offline from the app
+    page.shot("definition-editor")
+    assert not page.is_visible("#id_definition")  # the field is underneath, kept in step
+    assert '"schema_version": "1.0"' in page.inner_text(".definition-editor .ace_content")  # pretty-printed
+
+    bad = {**GREETER, "execution": {"autonomy": "A9"}}
+    _type_into_the_editor(page, json.dumps(bad, indent=2))
+    page.wait_for_selector(
+        ".definition-editor .jsoneditor-validation-error-count"
+    )  # the schema, before saving
+    page.shot("definition-editor-schema-error")
+    assert json.loads(page.input_value("#id_definition")) == bad
+    page.click("input[name=_continue]")
+    page.wait_for_selector(".field-definition .errorlist")  # the server's check, inline
+    assert "/execution/autonomy" in page.inner_text(".field-definition .errorlist")
+    page.wait_for_selector(".definition-editor .jsoneditor")  # and the editor again, with the text as sent
+    shown = page.evaluate("document.querySelector('.definition-editor').jsonEditor.getText()")
+    assert json.loads(shown) == bad  # the text as sent, to fix
+
+    good = {**GREETER, "execution": {"autonomy": "A2"}}
+    _type_into_the_editor(page, json.dumps(good))
+    page.click("input[name=_continue]")
+    page.wait_for_selector(".messagelist .success")
+    automation.refresh_from_db()
+    assert automation.version == 2
+    assert automation.definition["execution"] == {"autonomy": "A2"}
+
+
+def test_without_javascript_the_definition_is_a_plain_textarea(
+    live_server, operator_account, monkeypatch, tmp_path
+):
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    automation = services.automation_create(
+        workspace=operator_account.memberships.get().workspace, definition=GREETER, user=operator_account
+    )
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_context(java_script_enabled=False).new_page()
+            page.set_default_timeout(30_000)
+            page.goto(f"{live_server.url}/admin/login/")
+            page.fill("#id_username", "opal")
+            page.fill("#id_password", "pw-opal")
+            page.click("input[type=submit]")
+            page.goto(f"{live_server.url}/admin/automations/automation/{automation.pk}/change/")
+            page.screenshot(path=str(tmp_path / "definition-no-js.png"), full_page=True)
+
+            assert page.is_visible("#id_definition")
+            assert not page.is_visible(".definition-editor")
+            assert '\n  "schema_version": "1.0"' in page.input_value("#id_definition")  # pretty-printed
+            page.fill("#id_definition", json.dumps({**GREETER, "name": "greeter, edited without JS"}))
+            page.click("input[name=_continue]")
+            page.wait_for_selector(".messagelist .success")
+        finally:
+            connections.close_all()
+            browser.close()
+    automation.refresh_from_db()
+    assert automation.name == "greeter, edited without JS"
