@@ -18,19 +18,36 @@ anchor instead: the anchor must carry a valid signature and be backed by a
 signed checkpoint at seq N - 1 with hash H, and the walk starts at seq N
 expecting prev_hash H. Checkpoints below N keep having their signatures checked.
 
-Verification streams the events (``.iterator()``) and runs beside writers and
-the sequencer: the head and checkpoints are read first, so anything sequenced
-during the walk is either checked or left for the next run, never reported as broken.
+Verification streams raw rows from a server-side cursor (no model instances) and
+hashes them without building dicts (:class:`_ChainHasher`); a row whose digest
+differs is recomputed through :mod:`audit.writer` before it is reported. Each
+event is hashed once: its entry hash (the seal of its content at append) is
+checked only above the chain's newest signed checkpoint, since below it the
+event's ``hash``, which covers the same content, is vouched for by every later
+link up to the signature. It runs beside writers and the sequencer: the head and
+checkpoints are read first, so anything sequenced during the walk is either
+checked or left for the next run, never reported as broken.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+import hashlib
+import json
+import multiprocessing
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import closing
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from json.encoder import encode_basestring as _encode_string  # type: ignore[attr-defined]
+from typing import Any
+
+from django.db import connection, connections, transaction
 
 from .checkpoints import anchor_signature_valid, checkpoint_signature_valid, newest_anchor
 from .models import AuditChainHead, AuditCheckpoint, AuditEvent
-from .writer import CONTENT_FIELDS, GENESIS_HASH, HASHED_FIELDS, entry_hash, event_hash
+from .writer import CONTENT_FIELDS, GENESIS_HASH, HASHED_FIELDS, canonical_json, entry_hash, event_hash
 
 _CHUNK = 2000
 
@@ -117,7 +134,8 @@ def verify_chain(chain: str, *, since_checkpoint: bool = False) -> VerifyResult:
                 checkpoint_id=cp.id,
             )
 
-    expected_seq, prev_hash, last_id = 1, GENESIS_HASH, None
+    expected_seq, last_id = 1, None
+    prev_hash: str | None = GENESIS_HASH
     anchor = newest_anchor(chain)
     if anchor is not None:
         if not anchor_signature_valid(anchor.payload, chain):
@@ -136,56 +154,63 @@ def verify_chain(chain: str, *, since_checkpoint: bool = False) -> VerifyResult:
                 event_id=anchor.id,
                 seq=anchor.seq,
             )
-    rows = AuditEvent.objects.filter(chain=chain, seq__gte=expected_seq)
     if since_checkpoint and checkpoints and checkpoints[-1].seq >= expected_seq:
-        rows = rows.filter(seq__gte=checkpoints[-1].seq)
         # None: the first row's prev_hash is vouched for by the checkpoint's signed hash of that row.
         expected_seq, prev_hash = checkpoints[-1].seq, None
     # Checkpoints below the start (truncated away) were checked for their signatures only.
     pending = next((i for i, cp in enumerate(checkpoints) if cp.seq >= expected_seq), len(checkpoints))
-    rows = (
-        rows.order_by("seq")
-        .values_list("id", "hash", "entry_hash", *HASHED_FIELDS)
-        .iterator(chunk_size=_CHUNK)
-    )
+    signed_hashes = [_hex_bytes(cp.head_hash) for cp in checkpoints]
+    head_hash = _hex_bytes(head[1]) if head is not None else None
+    # Below the newest checkpoint an entry's seal adds nothing to its hash, which the signed
+    # head vouches for through every later link; above it the seal is checked too.
+    sealed_from = checkpoints[-1].seq + 1 if checkpoints else 0
+    link = None if prev_hash is None else _hex_bytes(prev_hash)
     head_seen = head is None or head[0] == 0
-    for row in rows:
-        event_id, stored_hash, sealed = row[0], row[1], row[2]
-        fields = dict(zip(HASHED_FIELDS, row[3:], strict=True))
-        seq = fields["seq"]
-        if seq != expected_seq:
-            return broken(
-                f"seq gap: expected seq {expected_seq}, found {seq} (events missing before it)",
-                event_id=event_id,
-                seq=seq,
-            )
-        if event_hash(fields) != stored_hash:
-            return broken("content does not match its hash (the row was altered)", event_id=event_id, seq=seq)
-        if sealed and entry_hash(fields) != sealed:
-            return broken(
-                "content does not match its entry hash (the row was altered)", event_id=event_id, seq=seq
-            )
-        if prev_hash is not None and fields["prev_hash"] != prev_hash:
-            return broken("prev_hash does not match the previous event's hash", event_id=event_id, seq=seq)
-        while pending < len(checkpoints) and checkpoints[pending].seq == seq:
-            if checkpoints[pending].head_hash != stored_hash:
-                cp = checkpoints[pending]
+    hashes = _ChainHasher(chain)
+    with closing(_sequenced_rows(chain, expected_seq)) as rows:
+        for event_id, seq, stored, prev, sealed, content in rows:
+            if seq != expected_seq:
                 return broken(
-                    f"hash differs from the one signed in checkpoint #{cp.id}",
+                    f"seq gap: expected seq {expected_seq}, found {seq} (events missing before it)",
                     event_id=event_id,
                     seq=seq,
-                    checkpoint_id=cp.id,
                 )
-            result.checkpoints += 1
-            pending += 1
-        if head is not None and seq == head[0]:
-            if stored_hash != head[1]:
+            if hashes.event(seq, prev, content) != stored and not _slow_check(event_id, "hash"):
                 return broken(
-                    "chain head row names a different hash for this seq", event_id=event_id, seq=seq
+                    "content does not match its hash (the row was altered)", event_id=event_id, seq=seq
                 )
-            head_seen = True
-        result.events += 1
-        expected_seq, prev_hash, last_id = seq + 1, stored_hash, event_id
+            if (
+                sealed
+                and seq >= sealed_from
+                and hashes.entry(content) != sealed
+                and not _slow_check(event_id, "entry_hash")
+            ):
+                return broken(
+                    "content does not match its entry hash (the row was altered)", event_id=event_id, seq=seq
+                )
+            if link is not None and prev != link:
+                return broken(
+                    "prev_hash does not match the previous event's hash", event_id=event_id, seq=seq
+                )
+            while pending < len(checkpoints) and checkpoints[pending].seq == seq:
+                if signed_hashes[pending] != stored:
+                    cp = checkpoints[pending]
+                    return broken(
+                        f"hash differs from the one signed in checkpoint #{cp.id}",
+                        event_id=event_id,
+                        seq=seq,
+                        checkpoint_id=cp.id,
+                    )
+                result.checkpoints += 1
+                pending += 1
+            if head is not None and seq == head[0]:
+                if stored != head_hash:
+                    return broken(
+                        "chain head row names a different hash for this seq", event_id=event_id, seq=seq
+                    )
+                head_seen = True
+            result.events += 1
+            expected_seq, link, last_id = seq + 1, stored, event_id
 
     last_seq = expected_seq - 1
     if pending < len(checkpoints):
@@ -205,6 +230,112 @@ def verify_chain(chain: str, *, since_checkpoint: bool = False) -> VerifyResult:
     if head is None and last_id is not None:
         return broken("chain head row is missing", event_id=last_id, seq=last_seq)
     return _verify_waiting(chain, result, broken)
+
+
+def _hex_bytes(value: str) -> bytes:
+    """A hex digest as bytes; anything else (a forged or garbled value) as b"", which matches no digest."""
+    try:
+        return bytes.fromhex(value)
+    except (TypeError, ValueError):
+        return b""
+
+
+_ROWS_SQL = (
+    "SELECT id, seq, hash, prev_hash, entry_hash, {timestamp}, trace_id, stage, type, summary, outcome,"
+    " workspace_id, refs, actor, payload FROM audit_auditevent WHERE chain = %s AND seq >= %s ORDER BY seq"
+)
+# PostgreSQL writes the timestamp as writer.format_timestamp does (cheaper than a datetime per row).
+_PG_TIMESTAMP = """to_char(timestamp AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')"""
+
+
+def _sequenced_rows(chain: str, start: int) -> Iterator[tuple]:
+    """The chain's sequenced rows from ``start`` in seq order, as raw tuples from a server-side cursor.
+
+    No model instances: a row is ``(id, seq, hash, prev_hash, entry_hash, content)`` with the
+    hashes as bytes and ``content`` the row's hashed fields, raw (see :class:`_ChainHasher`).
+    """
+    with transaction.atomic(using=connection.alias), connection.chunked_cursor() as cursor:
+        timestamp = _PG_TIMESTAMP if connection.vendor == "postgresql" else "timestamp"
+        cursor.execute(_ROWS_SQL.format(timestamp=timestamp), [chain, start])
+        while rows := cursor.fetchmany(_CHUNK):
+            for event_id, seq, stored, prev, sealed, *content in rows:
+                yield event_id, seq, stored, prev, sealed, content
+
+
+class _ChainHasher:
+    """``event_hash`` / ``entry_hash`` of raw rows of one chain, as bytes, without building dicts.
+
+    The canonical JSON of the hashed fields is assembled in their sorted key order
+    from the row's values, each encoded exactly as :func:`audit.writer.canonical_json`
+    encodes it (strings by the same C escaper, ``refs``/``payload`` parsed and
+    re-serialised, each distinct text once). Equal digests prove the row's content
+    is the hashed content; a digest that differs is re-checked through
+    :mod:`audit.writer` itself before anything is reported (:func:`_slow_check`).
+    """
+
+    def __init__(self, chain: str):
+        self._chain = _encode_string(chain)
+        self._json: dict[str, str] = {}
+
+    def _canonical(self, value: Any) -> str:
+        try:
+            return self._json[value]
+        except KeyError:
+            if len(self._json) > 4096:
+                self._json.clear()
+            text = self._json[value] = canonical_json(json.loads(value))
+            return text
+        except TypeError:  # a backend that parsed the JSON already
+            return canonical_json(value)
+
+    def _parts(self, content: list) -> tuple[str, str, str]:
+        timestamp, trace_id, stage, type_, summary, outcome, workspace_id, refs, actor, payload = content
+        if isinstance(timestamp, str) and timestamp[10:11] != "T":  # SQLite: naive UTC text
+            timestamp = datetime.fromisoformat(timestamp)
+        if isinstance(timestamp, datetime):
+            if timestamp.tzinfo is None:
+                timestamp = timestamp.replace(tzinfo=UTC)
+            timestamp = timestamp.isoformat(timespec="microseconds")
+        front = (
+            f'{{"actor":{_encode_string(actor)},"chain":{self._chain},"outcome":{_encode_string(outcome)},'
+            f'"payload":{self._canonical(payload)},'
+        )
+        back = (
+            f'"stage":{_encode_string(stage)},"summary":{_encode_string(summary)},'
+            f'"timestamp":"{timestamp}",'
+            f'"trace_id":{_encode_string(trace_id)},"type":{_encode_string(type_)},'
+            f'"workspace_id":{"null" if workspace_id is None else int(workspace_id)}}}'
+        )
+        return front, f'"refs":{self._canonical(refs)},', back
+
+    def event(self, seq: int, prev: bytes | None, content: list) -> bytes | None:
+        try:
+            front, refs, back = self._parts(content)
+            link = "null" if prev is None else f'"{prev.hex()}"'
+            return hashlib.sha256(f'{front}"prev_hash":{link},{refs}"seq":{seq},{back}'.encode()).digest()
+        except (TypeError, ValueError, AttributeError):  # a value of the wrong type: the slow path names it
+            return None
+
+    def entry(self, content: list) -> bytes | None:
+        try:
+            front, refs, back = self._parts(content)
+            return hashlib.sha256(f"{front}{refs}{back}".encode()).digest()
+        except (TypeError, ValueError, AttributeError):
+            return None
+
+
+def _slow_check(event_id: int, column: str) -> bool:
+    """Recompute one event's ``hash`` or ``entry_hash`` the writer's own way (model fields, dicts)."""
+    names = HASHED_FIELDS if column == "hash" else CONTENT_FIELDS
+    row = AuditEvent.objects.filter(pk=event_id).values_list(column, *names).first()
+    if row is None:
+        return False
+    fields = dict(zip(names, row[1:], strict=True))
+    try:
+        digest = event_hash(fields) if column == "hash" else entry_hash(fields)
+    except (TypeError, ValueError):
+        return False
+    return bool(row[0]) and digest == row[0]
 
 
 def _verify_waiting(chain: str, result: VerifyResult, broken) -> VerifyResult:
@@ -231,11 +362,49 @@ def all_chains() -> list[str]:
     return sorted(chains)
 
 
-def verify_all(chains: Iterable[str] | None = None, *, since_checkpoint: bool = False) -> VerifyResult:
-    """Verify ``chains`` (default: every chain in the ledger), stopping at the first broken one."""
+def verify_all(
+    chains: Iterable[str] | None = None, *, since_checkpoint: bool = False, jobs: int | None = 1
+) -> VerifyResult:
+    """Verify ``chains`` (default: every chain in the ledger), stopping at the first broken one.
+
+    ``jobs``: chains verified at once, each in its own process (PostgreSQL only; ``None``
+    picks one per CPU outside a transaction, where a child's new connection sees the same
+    data). The result is the same as one at a time: the counts of every chain, or the
+    first broken chain in name order.
+    """
+    names = all_chains() if chains is None else sorted(set(chains))
+    if jobs is None:
+        jobs = (os.cpu_count() or 1) if not connection.in_atomic_block else 1
+    jobs = min(jobs, len(names))
+    results: Iterable[VerifyResult]
+    if jobs > 1 and connection.vendor == "postgresql" and not connection.in_atomic_block:
+        # Fork with no connection open, so that no child shares the parent's socket.
+        connections.close_all()
+        pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_child_init)
+        results = pool.imap(functools.partial(_verify_one, since_checkpoint=since_checkpoint), names)
+    else:
+        pool = None
+        results = (verify_chain(chain, since_checkpoint=since_checkpoint) for chain in names)
     result = VerifyResult()
-    for chain in all_chains() if chains is None else sorted(set(chains)):
-        result.merge(verify_chain(chain, since_checkpoint=since_checkpoint))
-        if not result.ok:
-            break
+    try:
+        for one in results:
+            result.merge(one)
+            if not result.ok:
+                break
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
     return result
+
+
+def _child_init() -> None:
+    for conn in connections.all(initialized_only=True):
+        conn.connection = None  # (closed before the fork; never reuse the parent's object)
+
+
+def _verify_one(chain: str, *, since_checkpoint: bool) -> VerifyResult:
+    try:
+        return verify_chain(chain, since_checkpoint=since_checkpoint)
+    finally:
+        connections.close_all()

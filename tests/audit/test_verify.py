@@ -11,6 +11,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
 from audit import offline_verify, signing, writer
+from audit import verify as verify_module
 from audit.checkpoints import checkpoint_bytes, checkpoint_write
 from audit.models import AuditCheckpoint, AuditEvent
 from audit.verify import verify_all, verify_chain
@@ -300,3 +301,63 @@ def test_since_checkpoint_needs_the_checkpointed_event_intact(tamper):
 def test_without_a_checkpoint_since_checkpoint_is_a_full_walk():
     _events(3)
     assert verify_chain("ws-1", since_checkpoint=True).events == 3
+
+
+# --- the fast walk ------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_fast_walk_hashes_awkward_values_exactly_like_the_writer(monkeypatch):
+    awkward = {
+        "text": 'quote " backslash \\ newline \n tab \t nul-ish \x01 \u2028 é 日本 🙂',
+        "numbers": [0, -1, 1.5, 1e-07, 2.5e300, 10**20, -0.0, True, None],
+        "nested": {"b": {"z": 1, "a": [{"y": 2, "x": 3}]}, "a": [], "": {}},
+        "zz": 1, "Z": 2, "é": 3, "e": 4,
+    }  # fmt: skip
+    writer.append(trace_id="t\u00e9", type="x.y", summary='s "q" \\ é', workspace_id=1, stage="st",
+                  refs={"run": "r1", "n": 5}, actor="user:ü", payload=awkward)  # fmt: skip
+    writer.append(trace_id="t", type="x.y", summary="platform", workspace_id=None, payload={"list": [1, "a"]})
+    _events(3)
+
+    def slow_path(event_id, column):
+        raise AssertionError(f"event {event_id}: the fast {column} differs from the writer's")
+
+    monkeypatch.setattr(verify_module, "_slow_check", slow_path)
+    checkpoint_write("ws-1")
+    writer.append(trace_id="t", type="x.y", summary="sealed tail", workspace_id=1, payload=awkward)
+    result = verify_all()
+    assert result.ok, result.summary()
+    assert result.events == 6
+
+
+@pytest.mark.django_db
+def test_a_resealed_entry_above_the_newest_checkpoint_is_caught_by_its_seal(tamper):
+    events = _events(3)
+    checkpoint_write()  # at seq 3
+    tail = _events(2)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE audit_auditevent SET entry_hash = %s WHERE id = %s", [b"\x01" * 32, tail[0].id]
+        )
+    result = verify_chain("ws-1")
+    assert (result.broken.event_id, result.broken.seq) == (tail[0].id, 4)
+    assert "entry hash" in result.broken.reason
+    # Below the checkpoint the event's hash, vouched for by the signature, is what counts.
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE audit_auditevent SET entry_hash = %s WHERE id = %s", [b"", tail[0].id])
+        cursor.execute(
+            "UPDATE audit_auditevent SET entry_hash = %s WHERE id = %s", [b"\x01" * 32, events[0].id]
+        )
+    assert verify_chain("ws-1").ok
+
+
+@pytest.mark.django_db(transaction=True)
+def test_chains_verified_in_parallel_report_the_broken_one(tamper):
+    _events(4, workspace_id=1)
+    second = _events(4, workspace_id=2)
+    _events(4, workspace_id=3)
+    result = verify_all(jobs=3)
+    assert (result.ok, result.events, len(result.chains)) == (True, 12, 3)
+    tamper.set_payload(second[1].id, {"i": 999})
+    result = verify_all(jobs=3)
+    assert (result.broken.chain, result.broken.event_id) == ("ws-2", second[1].id)

@@ -19,9 +19,15 @@ class Command(BaseCommand):
             "--since-checkpoint", action="store_true",
             help="walk each chain only from its newest signed checkpoint on (nightly); a full run checks every row",
         )  # fmt: skip
+        parser.add_argument(
+            "--jobs", type=int, default=None,
+            help="chains verified at once, one process each (PostgreSQL; default: one per CPU)",
+        )  # fmt: skip
 
-    def handle(self, *args, chain: str | None, since_checkpoint: bool, **options):
-        result = verify_all([chain] if chain else None, since_checkpoint=since_checkpoint)
+    def handle(self, *args, chain: str | None, since_checkpoint: bool, jobs: int | None, **options):
+        if jobs is not None and jobs < 1:
+            raise CommandError("--jobs must be at least 1")
+        result = verify_all([chain] if chain else None, since_checkpoint=since_checkpoint, jobs=jobs)
         if not result.ok:
             raise CommandError(result.summary(), returncode=1)
         self.stdout.write(result.summary())
