@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand
 from rest_framework.test import APIClient
 
-from bench import engine_bench, history_bench, hotpath_profile, http_bench
+from bench import cancel_bench, engine_bench, history_bench, hotpath_profile, http_bench
 from bench.workers import Workers
 from config.celery import QUEUES
 from ops.management.commands.up import default_web_workers
@@ -31,6 +31,8 @@ class Command(BaseCommand):
         parser.add_argument("--history", type=int, nargs="+", metavar="RUNS", help="seed run history up to each "
                             "size in turn (e.g. 10000 100000) and time every list over it (issue 19); test "
                             "databases only")  # fmt: skip
+        parser.add_argument("--cancel", type=int, metavar="N", help="start workers and time N live cancels of a "
+                            "run_python step sleeping in its sandbox (p50/max; bench/cancel_bench.py)")  # fmt: skip
         parser.add_argument("--yes-this-is-a-test-database", action="store_true", dest="confirmed")
         parser.add_argument("--profile", action="store_true", help="in-process, no workers: SQL statements and "
                             "CPU per webhook fire and per one-step run execution")  # fmt: skip
@@ -48,6 +50,12 @@ class Command(BaseCommand):
         logging.getLogger().setLevel(logging.WARNING)  # per-step INFO lines would drown the figures
         if options["history"]:
             self._history(options["history"], options["confirmed"])
+            return
+        if options["cancel"]:
+            with Workers({queue: 1 for queue in QUEUES}) as workers:
+                workers.wait_ready()
+                figures = cancel_bench.run(options["cancel"], out=self.stdout.write)
+            self.stdout.write("\nsummary: " + ", ".join(f"{k}={v:.3g}" for k, v in figures.items()))
             return
         if options["profile"]:
             figures = hotpath_profile.run(n=n, top=options["profile_top"], out=self.stdout.write)
