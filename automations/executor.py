@@ -120,7 +120,8 @@ class Executor(RunRecorder):
     def _quick_batch(self) -> bool:
         self.batching = True
         try:
-            return self._advance_while(self._quick_step_next)
+            with self.steps_inserted_together():
+                return self._advance_while(self._quick_step_next)
         finally:
             self.batching = False
 

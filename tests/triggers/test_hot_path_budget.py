@@ -16,7 +16,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from automations import executor
+from automations import executor, services
 from automations.models import Run, RunStatus, StepRun
 from tests.factories import definition, fire, webhook
 from triggers.models import Trigger
@@ -28,9 +28,10 @@ from triggers.services import trigger_token_rotate
 # upsert (and, first in a window, the clean-up of old windows) on top.
 RATE_LIMIT_STATEMENTS = 0 if settings.AUTOPLANE_RATE_LIMIT_REDIS_URL else 2
 FIRE_BUDGET = (2 if connection.vendor == "postgresql" else 6) + RATE_LIMIT_STATEMENTS
-# One transaction: the claim (an UPDATE returning the run), the step row insert, the
-# run's finish, the event bus' subscriber check and event row, one audit insert for
-# all the run's events (run.started, step.started/succeeded, run.succeeded, event.published).
+# One transaction: the claim (an UPDATE returning the run), the step rows' insert (one
+# multi-row INSERT for a stretch of quick steps, however long), the run's finish, the
+# event bus' subscriber check and event row, one audit insert for all the run's events
+# (run.started, step.started/succeeded, run.succeeded, event.published).
 RUN_BUDGET = 8
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -88,3 +89,23 @@ def test_one_step_run_execution_stays_within_its_statement_budget(budget_hook, n
     run = Run.objects.get(pk=run_id)
     assert run.output == {"greeting": "Hello Ada"}
     assert StepRun.objects.get(run=run).status == "succeeded"
+
+
+def test_a_ten_step_quick_run_costs_the_statements_of_a_one_step_run(make_automation, no_enqueue):
+    """Quick steps share the claim's transaction, their audit INSERT and one multi-row step INSERT."""
+    automation = make_automation(definition(
+        name="ten quick steps",
+        plan=[{"step_id": f"s{i}", "action": "transform_data", "output_as": f"s{i}",
+               "config": {"output": {"i": i, "prev": f"{{{{ s{i - 1}.i }}}}" if i else None}}} for i in range(10)],
+    ))  # fmt: skip
+    warm = services.run_create(automation=automation, inputs={}).run
+    assert executor.execute_run(str(warm.pk)) == RunStatus.SUCCEEDED
+    run = services.run_create(automation=automation, inputs={}).run
+
+    sql, status = _statements(lambda: executor.execute_run(str(run.pk)))
+
+    assert status == RunStatus.SUCCEEDED
+    assert len(sql) <= RUN_BUDGET, "\n".join(sql)
+    steps = StepRun.objects.filter(run=run).order_by("index")
+    assert [(s.step_id, s.status) for s in steps] == [(f"s{i}", "succeeded") for i in range(10)]
+    assert steps[9].output["data"] == {"i": 9, "prev": 8}
