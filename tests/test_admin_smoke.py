@@ -1,5 +1,6 @@
 """No 500s in the admin: every registered model's changelist, add page and change page (for one
-object of each), and the console's own pages, GET as a superuser and as staff of each role.
+object of each), and the console's own pages, GET as a superuser and as staff of each role
+(viewer, operator, approver, admin).
 
 Staff get every model permission of the admin (viewers: view only), so what limits them is their
 workspace role, as in production. The test client re-raises a view's exception, so a 500 fails here
@@ -34,7 +35,7 @@ from workspaces.services import workspace_get_or_create
 
 pytestmark = pytest.mark.django_db
 
-ROLES = ["superuser", Role.ADMIN, Role.OPERATOR, Role.VIEWER]
+ROLES = ["superuser", Role.ADMIN, Role.OPERATOR, Role.APPROVER, Role.VIEWER]
 
 
 @pytest.fixture
@@ -53,6 +54,7 @@ def world(drive):
         **automation.definition, "plan": [{"step_id": "a", "action": "transform_data", "config": {"output": 2}}]})  # fmt: skip
     run = drive(services.run_create(automation=automation, inputs={}, user=owner).run.pk)
     stuck = services.run_create(automation=automation, inputs={}, user=owner).run
+    rerun = services.run_rerun(run=run, user=owner)  # a chain: the run page links parent and child
     Run.objects.filter(pk=stuck.pk).update(status=RunStatus.NEEDS_ATTENTION)
     Approval.objects.create(
         workspace=workspace, run_id=run.pk, automation_id=automation.pk, automation_name="smoke", step_key="plan:0:a",
@@ -78,7 +80,7 @@ def world(drive):
     Group.objects.create(name="operators")
     sequence_pending()
     checkpoint_write()
-    return {"workspace": workspace, "automation": automation, "run": run, "stuck": stuck}
+    return {"workspace": workspace, "automation": automation, "run": run, "stuck": stuck, "rerun": rerun}
 
 
 def _client(role: str, workspace) -> Client:
@@ -111,6 +113,7 @@ def _pages(world) -> list[str]:
     urls += [
         reverse("admin:automations_run_change", args=[run.pk]),
         reverse("admin:automations_run_change", args=[stuck.pk]),
+        reverse("admin:automations_run_change", args=[world["rerun"].pk]),
         reverse("admin:automations_automation_change", args=[automation.pk]),
         reverse("admin:automations_run_cancel", args=[stuck.pk]),
         reverse("admin:automations_run_rerun", args=[run.pk]),
