@@ -35,7 +35,6 @@ import copy
 import logging
 from contextlib import ExitStack
 from datetime import timedelta
-from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
@@ -226,12 +225,6 @@ class Executor(RunRecorder):
                 self._audit("gate.blocked", f"{step['step_id']}: {result.envelope.summary}", Outcome.FAILURE,
                             refs={"step": step["step_id"]}, payload={"reasons": prepared.reasons})  # fmt: skip
             return self._step_failed(step_run, step, attempt, result.envelope)
-        cap = self.execution.get("budget_cap_usd")
-        if cap is not None and Decimal(self.run.cost_usd) + prepared.capability.estimate_cost(
-            prepared.config
-        ) > Decimal(str(cap)):
-            return self._step_failed(step_run, step, attempt, Envelope.failure(
-                ErrorCode.BUDGET_EXCEEDED, "the run's budget cap would be exceeded", retryable=False))  # fmt: skip
         return self._call(step_run, step, attempt, prepared)
 
     def _call(self, step_run: StepRun, step: dict, attempt: int, prepared: PreparedStep) -> Parked | None:

@@ -6,7 +6,8 @@
 * ``PREVIEW`` — autonomy A0: record a dry run instead of calling the handler;
 * ``PARK``    — an approval is pending: the run waits for a decision;
 * ``REFUSE``  — blocked at this autonomy, denied, expired or invalid: ``envelope``
-  is the step's failure, and its message says which rule raised the risk.
+  is the step's failure, and its message says which rule raised the risk; or a step
+  allowed to run whose estimated cost would exceed the run's budget cap.
 
 A step whose action always asks a human (``require_approval``) is confirmed
 whatever the autonomy allows, except at A0 where everything is a preview.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from decimal import Decimal
 
 from approvals import gate as approval_gates
 from approvals import policy
@@ -60,6 +62,20 @@ def decision_for(prepared: PreparedStep, autonomy: str) -> policy.Decision:
 
 
 def gate(run: Run, step_run: StepRun, prepared: PreparedStep, autonomy: str) -> GateResult:
+    result = _gate(run, step_run, prepared, autonomy)
+    if result.outcome == GateOutcome.PROCEED and _over_budget(run, prepared):
+        return _refuse(ErrorCode.BUDGET_EXCEEDED, "the run's budget cap would be exceeded")
+    return result
+
+
+def _over_budget(run: Run, prepared: PreparedStep) -> bool:
+    cap = (run.snapshot.get("execution") or {}).get("budget_cap_usd")
+    if cap is None:
+        return False
+    return Decimal(run.cost_usd) + prepared.capability.estimate_cost(prepared.config) > Decimal(str(cap))
+
+
+def _gate(run: Run, step_run: StepRun, prepared: PreparedStep, autonomy: str) -> GateResult:
     decision = decision_for(prepared, autonomy)
     if decision == policy.Decision.ALLOW:
         return PROCEED
