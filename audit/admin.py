@@ -8,6 +8,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Q
 from django.http import HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.html import format_html
 
 from config.admin_paging import HistoryAdminMixin
@@ -29,6 +30,11 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+def _one_line(text: str, width: str):
+    return format_html('<span title="{}" style="display:inline-block;max-width:{};white-space:nowrap;'
+                       'overflow:hidden;text-overflow:ellipsis;vertical-align:bottom">{}</span>', text, width, text)  # fmt: skip
 
 
 def _report(modeladmin, request, chains=None):
@@ -63,7 +69,9 @@ class TypeFilter(admin.SimpleListFilter):
 
 @admin.register(AuditEvent)
 class AuditEventAdmin(HistoryAdminMixin, ReadOnlyAdmin):
-    list_display = ["id", "timestamp", "type", "outcome", "trace", "actor", "summary"]
+    # Short cells (the actor clipped, the whole text on hover) and a summary that wraps, so every column
+    # fits a 1400 px window beside the filters.
+    list_display = ["id", "at", "type", "outcome", "trace", "actor_line", "summary_line"]
     list_filter = [TypeFilter, "outcome"]
     ordering = ["-id"]  # newest first
     search_fields = ["trace_id", "type"]
@@ -85,6 +93,18 @@ class AuditEventAdmin(HistoryAdminMixin, ReadOnlyAdmin):
         if request.user.is_superuser:
             return queryset
         return queryset.filter(workspace_id__in=workspace_ids_for(request.user, Permission.VIEW))
+
+    @admin.display(description="actor")
+    def actor_line(self, event: AuditEvent):
+        return _one_line(event.actor, "9em")
+
+    @admin.display(description="summary")
+    def summary_line(self, event: AuditEvent):
+        return format_html('<span style="overflow-wrap:anywhere">{}</span>', event.summary)
+
+    @admin.display(description="timestamp", ordering="id")
+    def at(self, event: AuditEvent) -> str:
+        return timezone.localtime(event.timestamp).strftime("%b %d %H:%M:%S")
 
     @admin.display(description="trace", ordering="trace_id")
     def trace(self, event: AuditEvent):

@@ -325,8 +325,14 @@ def open_its_trace(page: Page, run: Run, *, resolved: bool) -> None:
     expect(page.locator("#content h1, #content h2").first).to_contain_text(f"Audit trace {run.trace_id}")
     rows = page.locator("#result_list")
     expect(rows).to_contain_text("run.created")
+    # Every column, the summary included, fits the 1400 px window: no scrolling sideways in the list.
+    assert page.evaluate("document.querySelector('#result_list').scrollWidth") <= page.evaluate(
+        "document.querySelector('#changelist .results').clientWidth"
+    )
+    expect(rows.locator("td.field-summary_line").last).to_be_visible()
     if resolved:
         expect(rows).to_contain_text("operator.run.resolved")
+        expect(rows).to_contain_text("operator resolved the run: succeeded")
         assert AuditEvent.objects.filter(trace_id=run.trace_id, type="operator.run.resolved").exists()
     page.shot("trace")
 
