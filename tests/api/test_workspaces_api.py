@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
 
 from audit.models import AuditEvent
 from tests.factories import client_for
@@ -144,3 +145,10 @@ def test_with_a_second_admin_the_first_may_step_down(api, workspace, owner, view
     assert last.status_code == 409
     assert dict(Membership.objects.filter(workspace=workspace).values_list("user__username", "role")) == {
         "owner": "viewer", "viewer": "admin"}  # fmt: skip
+
+
+def test_create_api_token_will_not_demote_the_last_admin(workspace, owner):
+    with pytest.raises(CommandError, match="LAST_ADMIN"):
+        call_command("create_api_token", "owner", "--workspace", "acme", "--role", "viewer")
+
+    assert Membership.objects.get(user=owner).role == "admin"

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand, CommandError
 
+from config.errors import ServiceError
 from workspaces.models import Role
 from workspaces.services import api_token_create
 
@@ -17,5 +18,8 @@ class Command(BaseCommand):
     def handle(self, *args, username: str, workspace: str, role: str, **options):
         if not username.strip():
             raise CommandError("username must not be empty")
-        token = api_token_create(username=username, workspace_slug=workspace, role=role, actor="cli")
+        try:
+            token = api_token_create(username=username, workspace_slug=workspace, role=role, actor="cli")
+        except ServiceError as exc:  # e.g. LAST_ADMIN: demoting the workspace's last admin
+            raise CommandError(f"{exc.code}: {exc.message}") from None
         self.stdout.write(token)
