@@ -226,7 +226,7 @@ def _decide(request: GateRequest, now: datetime) -> Verdict:
     return _create(request, now)
 
 
-_ENDED = {
+_ENDED: dict[str, str] = {  # keyed by the stored status text
     ApprovalStatus.DENIED: "the approval was denied",
     ApprovalStatus.EXPIRED: "the approval expired before anyone decided",
 }

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TYPE_CHECKING
 
 from django.utils import timezone
 
@@ -29,6 +29,9 @@ from .checkpoints import ANCHOR_KIND, ANCHOR_TYPE, CHECKPOINT_KIND, newest_ancho
 from .models import AuditCheckpoint, AuditEvent
 from .verify import all_chains
 from .writer import GENESIS_HASH, HASHED_FIELDS, canonical_json, format_timestamp
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsWrite
 
 EXPORT_FORMAT = "autoplane-audit-export/1"
 
@@ -48,7 +51,7 @@ def chain_start(chain: str) -> int:
 
 
 def export_jsonl(
-    out: TextIO, chains: Iterable[str] | None = None, *, below_seq: int | None = None
+    out: SupportsWrite[str], chains: Iterable[str] | None = None, *, below_seq: int | None = None
 ) -> ExportCounts:
     chain_list = all_chains() if chains is None else sorted(set(chains))
     header = {

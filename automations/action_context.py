@@ -8,6 +8,7 @@ step call gets (its cost meter, the agent tool gateway, saved state).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -36,14 +37,14 @@ def action_context(run: Run, step: dict[str, Any], attempt: int, key: str, timeo
         secrets.extend(secret_values)
         return value
 
-    def publish_event(event_type: str, payload: dict[str, Any]) -> str:
+    def publish_event(event_type: str, payload: Mapping[str, Any]) -> str:
         return events.publish(
             workspace_id=run.workspace_id, event_type=event_type, payload=payload, source=f"run:{run.pk}",
             trace_id=run.trace_id, chain_depth=run.chain_depth + 1, parent_run_id=str(run.pk),
             actor=f"run:{run.pk}", principal_ids=run.principal_ids,
         )  # fmt: skip
 
-    def call_capability(capability_id: str, args: dict[str, Any]) -> Envelope:
+    def call_capability(capability_id: str, args: Mapping[str, Any]) -> Envelope:
         capability = registry.get_capability(capability_id, run.workspace_id)
         if capability is None or capability.handler is None:
             held = registry.held_reason(capability_id, run.workspace_id)

@@ -110,8 +110,10 @@ class ToolGateway:
     def _approved_or_park(self, tool_id: str, args: Mapping[str, Any], call_key: str, capability: Capability,
                           risk: Risk, reasons: list[str]) -> None:  # fmt: skip
         step_key = f"{self.step_run.phase}:{self.step_run.index}:{self.step['step_id']}#{call_key}"
+        action = registry.get_action(self.step["action"])
+        assert action is not None  # the step is running, so its action was found when it was prepared
         prepared = steps.PreparedStep(
-            step=dict(self.step), action=registry.get_action(self.step["action"]),
+            step=dict(self.step), action=action,
             config={"tool": tool_id, "args": dict(args)}, capability=capability, risk=risk, reasons=reasons,
         )  # fmt: skip
         verdict = gating.approval_verdict(self.run, self.step_run, prepared, self.autonomy, step_key=step_key)

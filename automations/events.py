@@ -80,7 +80,7 @@ class Event:
         }
 
 
-Subscriber = Callable[[Event], None]
+Subscriber = Callable[[Event], object]  # what it returns is ignored
 # Whether a subscriber cares about (workspace_id, event_type) at all; lets
 # publish() skip queueing a delivery nobody would act on.
 Interest = Callable[[int, str], bool]

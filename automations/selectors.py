@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import difflib
 import json
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.db.models import Count, IntegerField, OuterRef, QuerySet, Subquery, Value
 from django.db.models.functions import Coalesce
@@ -15,6 +15,9 @@ from workspaces.access import workspace_ids_for, workspaces_for
 from workspaces.models import Permission
 
 from .models import Automation, AutomationVersion, Run
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
 
 
 def automations_visible_to(user) -> QuerySet[Automation]:
@@ -47,7 +50,13 @@ def automation_workspace_and_editor(automation_id) -> tuple[int, int | None] | N
     return (row[0], row[1]) if row else None
 
 
-def with_last_run(automations: QuerySet[Automation]) -> QuerySet[Automation]:
+class LastRun(TypedDict):
+    last_run_status: str | None
+    last_run_at: datetime | None
+    runs_24h: int
+
+
+def with_last_run(automations: QuerySet[Automation]) -> QuerySet[WithAnnotations[Automation, LastRun]]:
     """Each automation's last run (status, time) and its runs in the last 24 h, in the same query.
 
     Three correlated subqueries, each an index range on ``run_automation_idx``
@@ -81,7 +90,7 @@ def definition_diff(before: Any, after: Any, before_label: str, after_label: str
 def version_history(automation: Automation, limit: int = 20) -> list[tuple[AutomationVersion, str]]:
     """The latest ``limit`` versions, newest first, each with its diff from the version before it."""
     versions = list(automation.versions.select_related("created_by").order_by("-version")[: limit + 1])
-    history = []
+    history: list[tuple[AutomationVersion, str]] = []
     for newer, older in zip(versions, [*versions[1:], None], strict=True):
         if len(history) == limit:
             break

@@ -60,9 +60,9 @@ class RunActionRefused(ServiceError):
     default_status = 409
 
 
-def _principal(user) -> list[int]:
+def _principal(user) -> tuple[int, ...]:
     """The user behind an action, as a run's principal id (none for a system action)."""
-    return [user.pk] if user is not None and user.is_authenticated else []
+    return (user.pk,) if user is not None and user.is_authenticated else ()
 
 
 def definition_check(definition: Any, workspace: Workspace, automation_id: Any = None) -> None:

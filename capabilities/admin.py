@@ -248,8 +248,7 @@ class McpToolInline(admin.TabularInline):
     model = McpTool
     extra = 0
     can_delete = False
-    fields = ["name", "status", "risk_override", "changed", "last_seen"]
-    readonly_fields = fields
+    fields = readonly_fields = ("name", "status", "risk_override", "changed", "last_seen")
     show_change_link = True
 
     @admin.display(description="changed since approval")

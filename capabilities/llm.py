@@ -235,7 +235,7 @@ class LlmClient:
                     if cancelled := self._abandoned("abandoned in flight"):
                         raise cancelled from exc
                     status, raw, retry_after = 0, b"", None
-                    failure = LlmError(ErrorCode.TEMPORARILY_UNAVAILABLE, "the LLM server could not be reached",
+                    failure: LlmError | None = LlmError(ErrorCode.TEMPORARILY_UNAVAILABLE, "the LLM server could not be reached",
                                        detail=f"{type(exc).__name__}: {exc}")  # fmt: skip
                 else:
                     if cancelled := self._abandoned("abandoned in flight"):  # its answer is not used
@@ -333,7 +333,7 @@ def _parse_completion(raw: bytes, model: str) -> Completion:
     content = message.get("content")
     if content is not None and not isinstance(content, str):
         raise _unusable("content is not text", raw)
-    calls = []
+    calls: list[ToolCall] = []
     for call in message.get("tool_calls") or []:
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):

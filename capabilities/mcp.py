@@ -240,9 +240,10 @@ def connection_for(server: McpServer, *, timeout: float, secrets: list[str], tra
     Every secret value resolved is appended to ``secrets`` (the caller redacts with it).
     """
     value: dict[str, Any] | None = None
-    if server.credential_id is not None:
+    credential = server.credential  # no query when the server has none
+    if credential is not None:
         value, resolved = credential_resolve(
-            workspace_id=server.workspace_id, name=server.credential.name, trace_id=trace_id
+            workspace_id=server.workspace_id, name=credential.name, trace_id=trace_id
         )
         secrets.extend(s for s in resolved if s not in secrets)
     if server.transport == McpTransport.STDIO:

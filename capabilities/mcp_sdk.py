@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import IO, Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 import anyio
 import httpcore2
@@ -131,7 +131,7 @@ class _Probe:
 
     phase: str = "connect"  # connect -> list -> call -> done
     statuses: dict[str, int] = field(default_factory=dict)
-    errlog: IO[str] | None = None
+    errlog: TextIO | None = None
 
     def stderr_tail(self, secrets: Sequence[str]) -> str:
         if self.errlog is None:

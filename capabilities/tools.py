@@ -76,7 +76,8 @@ def tools_matching(patterns: Sequence[str], workspace_id: int) -> list[Tool]:
 
 def function_specs(tools: Sequence[Tool]) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """OpenAI ``tools`` entries and the map from function name back to tool id."""
-    specs, names = [], {}
+    specs: list[dict[str, Any]] = []
+    names: dict[str, str] = {}
     for t in tools:
         name = _FUNCTION_NAME.sub("_", t.id)[:60]
         while name in names:

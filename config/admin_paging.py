@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import json
 from functools import cached_property
+from typing import Any, cast
 
 from django.contrib import messages
 from django.core.paginator import EmptyPage, Paginator
 from django.db import connections
+from django.db.models import QuerySet
 
 EXACT_UP_TO = 1000
 MAX_PAGES = 20
@@ -46,7 +48,7 @@ def _rounded(estimate: int) -> int:
 class EstimatedCountPaginator(Paginator):
     @cached_property
     def count(self) -> int:
-        rows = self.object_list
+        rows = cast("QuerySet[Any]", self.object_list)  # the admin changelist always pages a queryset
         estimate = planner_estimate(rows)
         # Far past the exact limit, counting even 1,001 matching rows of a rare filter can
         # mean visiting many thousands: the estimate alone says enough.

@@ -62,8 +62,11 @@ class FieldError(serializers.Serializer):
     message = serializers.CharField()
 
 
-class ValidationErrorEnvelope(serializers.Serializer):
-    errors = FieldError(many=True)
+# Built with type(): a field declared as a class attribute named ``errors`` would shadow
+# ``Serializer.errors``.
+ValidationErrorEnvelope = type(
+    "ValidationErrorEnvelope", (serializers.Serializer,), {"errors": FieldError(many=True)}
+)
 
 
 ERROR = PolymorphicProxySerializer(

@@ -18,7 +18,8 @@ class StrictJSONParser(JSONParser):
     def parse(self, stream, media_type=None, parser_context=None) -> Any:
         request = (parser_context or {}).get("request")
         django_request = getattr(request, "_request", None)
-        if hasattr(django_request, "strict_json"):  # parsed (and checked) by the API edge middleware
+        # parsed (and checked) by the API edge middleware
+        if django_request is not None and hasattr(django_request, "strict_json"):
             return django_request.strict_json
         raw = stream.read() if stream is not None else b""
         try:

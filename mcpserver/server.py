@@ -42,6 +42,7 @@ from mcp.server.auth.settings import AuthSettings
 from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
+from pydantic import AnyHttpUrl
 
 from config.errors import ServiceError
 
@@ -185,7 +186,9 @@ def http_app(*, host: str, port: int, path: str = "/mcp"):
         # No OAuth authorization server: API tokens are created by `manage.py create_api_token`.
         # The SDK wants an issuer URL to enable bearer auth; without resource_server_url it
         # advertises nothing.
-        auth=AuthSettings(issuer_url=f"http://{_url_host(host)}:{port}", resource_server_url=None),
+        auth=AuthSettings(
+            issuer_url=AnyHttpUrl(f"http://{_url_host(host)}:{port}"), resource_server_url=None
+        ),
     )
 
 

@@ -337,8 +337,9 @@ def _audit(call: Call, name: str, arguments: Any, error: ServiceError | None) ->
     if error is not None:
         payload["error"] = {"code": error.code, "message": error.message}
     trace_id = call.trace_id or uuid.uuid4().hex
+    workspace_ids: list[int | None] = [*sorted(call.workspace_ids)] or [None]  # None: one unscoped row
     with transaction.atomic():
-        for workspace_id in sorted(call.workspace_ids) or [None]:
+        for workspace_id in workspace_ids:
             writer.append(
                 trace_id=trace_id, type=AUDIT_TYPE, summary=summary, workspace_id=workspace_id, actor=actor,
                 outcome=Outcome.FAILURE if error else Outcome.SUCCESS, refs=call.refs, payload=payload,

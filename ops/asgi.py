@@ -35,7 +35,8 @@ from ops.wsgi import application as wsgi_application  # noqa: E402
 # connection; import it now, so that gunicorn's workers forked after --preload share it.
 celery_app.connection_for_write().get_transport_cls()
 
-application = WSGIMiddleware(wsgi_application, workers=settings.AUTOPLANE_WEB_THREADS)
+# django-stubs type a WSGI handler's result as HttpResponseBase; at run time it is the iterable of bytes.
+application = WSGIMiddleware(wsgi_application, workers=settings.AUTOPLANE_WEB_THREADS)  # type: ignore[arg-type]
 
 get_resolver().url_patterns  # noqa: B018 - imports every app's views now, not on the first request
 gc.collect()

@@ -291,7 +291,7 @@ def check_settings() -> Iterator[Finding]:
         advice = [m for m in django_checks.run_checks(include_deployment_checks=True)
                   if m.level >= django_checks.WARNING and m.id and m.id.startswith("security.")]  # fmt: skip
         if advice:
-            ids = ", ".join(sorted({m.id for m in advice}))
+            ids = ", ".join(sorted({m.id for m in advice if m.id}))
             yield Finding("settings.deploy", WARN, f"check --deploy: {len(advice)} warning(s) ({ids})",
                           "manage.py check --deploy explains each; fine on a laptop")  # fmt: skip
         else:

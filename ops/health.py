@@ -191,5 +191,5 @@ def healthz(request: HttpRequest) -> JsonResponse:
     response["Cache-Control"] = "no-store"
     # A 503 here is an answer, not a server error: keep django.request from
     # logging an ERROR on every poll of a degraded platform.
-    response._has_been_logged = True
+    response._has_been_logged = True  # type: ignore[attr-defined]  # django.utils.log's private flag: not in the stubs
     return response

@@ -95,7 +95,8 @@ if sys.platform.startswith("linux"):
 
 def _set_parent_death_signal() -> None:
     """Runs in the child between fork and exec: die when the supervisor dies."""
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if _libc is not None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def kill_group(pid: int, sig: int) -> None:
@@ -231,10 +232,11 @@ class Supervisor:
         now_wall, now = time.time(), time.monotonic()
         children = {}
         for child in self.children:
-            running = child.proc is not None and child.restart_at is None and child.old_group is None
+            running = child.restart_at is None and child.old_group is None
+            proc = child.proc if running else None
             children[child.spec.name] = {
-                "state": "running" if running else "restarting",
-                "pid": child.proc.pid if running else None,
+                "state": "running" if proc is not None else "restarting",
+                "pid": proc.pid if proc is not None else None,
                 "restarts": child.restarts,
                 "exits": list(child.exits),
                 "last_exit": None if child.last_exit is None else describe_exit(child.last_exit),

@@ -22,7 +22,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 
 @dataclass
@@ -31,6 +31,11 @@ class Reply:
     body: Any = None  # dict → JSON; bytes → sent as they are
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0  # seconds the answer is held (a slow model)
+
+
+class TokenCounts(TypedDict, total=False):
+    prompt_tokens: int
+    completion_tokens: int
 
 
 def completion(message: dict[str, Any], *, prompt_tokens: int = 100, completion_tokens: int = 20,
@@ -43,15 +48,17 @@ def completion(message: dict[str, Any], *, prompt_tokens: int = 100, completion_
     })  # fmt: skip
 
 
-def reply_text(text: str, **usage: int) -> Reply:
+def reply_text(text: str, **usage: Unpack[TokenCounts]) -> Reply:
     return completion({"content": text}, **usage)
 
 
-def reply_json(value: Any, **usage: int) -> Reply:
+def reply_json(value: Any, **usage: Unpack[TokenCounts]) -> Reply:
     return reply_text(json.dumps(value), **usage)
 
 
-def reply_tool_call(name: str, arguments: Any, *, call_id: str = "call_1", **usage: int) -> Reply:
+def reply_tool_call(
+    name: str, arguments: Any, *, call_id: str = "call_1", **usage: Unpack[TokenCounts]
+) -> Reply:
     args = arguments if isinstance(arguments, str) else json.dumps(arguments)
     call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
     return completion({"content": None, "tool_calls": [call]}, finish_reason="tool_calls", **usage)

@@ -51,10 +51,11 @@ class TriggerAdmin(WorkspaceScopedAdmin):
     search_fields = ["key", "automation__name", "=id", "event_type"]
     list_select_related = ["automation", "workspace"]
     actions = ["rotate_token", "revoke_token", "rotate_signing_secret"]
-    fields = ["id", "automation", "workspace", "key", "type", "config", "enabled", "event_type", "next_fire",
-              "last_fired_at", "last_scheduled_for", "token_state", "token_created_at", "token_revoked_at",
-              "has_signing_secret", "signing_secret_created_at", "periodic_task", "created_at", "updated_at"]  # fmt: skip
-    readonly_fields = fields
+    fields = readonly_fields = (
+        "id", "automation", "workspace", "key", "type", "config", "enabled", "event_type", "next_fire",
+        "last_fired_at", "last_scheduled_for", "token_state", "token_created_at", "token_revoked_at",
+        "has_signing_secret", "signing_secret_created_at", "periodic_task", "created_at", "updated_at",
+    )  # fmt: skip
 
     @admin.display(description="next fire")
     def next_fire(self, obj: Trigger):

@@ -297,7 +297,8 @@ def schedule_fire(*, trigger_id: Any, now: datetime | None = None) -> FireOutcom
             outcome.status = "already_fired"
             return outcome
         late = now - slot > misfire_grace()
-        missed, older_left_out = ([], False)
+        missed: list[datetime] = []
+        older_left_out = False
         if previous is not None:
             missed, older_left_out = slots_between(config["cron"], tz, previous, slot)
         if late:

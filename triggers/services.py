@@ -95,11 +95,11 @@ def triggers_sync(automation: Automation) -> None:
                 _audit(trigger, "trigger.deleted", "removed from the definition")
                 _delete(trigger)
         for key, spec in wanted.items():
-            trigger = existing.get(key)
-            if trigger is None or trigger.type != spec["type"]:
+            current = existing.get(key)
+            if current is None or current.type != spec["type"]:
                 _create(automation, key, spec)
             else:
-                _update(automation, trigger, spec)
+                _update(automation, current, spec)
 
 
 def _create(automation: Automation, key: str, spec: dict[str, Any]) -> Trigger:

@@ -83,7 +83,7 @@ def egress_allowlist_check(value: Any) -> list[str]:
         )
     errors, clean = [], []
     for index, entry in enumerate(value):
-        text = entry.strip().lower().rstrip(".") if isinstance(entry, str) else None
+        text = entry.strip().lower().rstrip(".") if isinstance(entry, str) else ""
         valid = False
         if text:
             try:

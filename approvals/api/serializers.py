@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rest_framework import serializers
 
 from ..models import Approval, StandingApproval
 
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
+
+    from workspaces.models import Workspace
+
 
 class ApprovalOut(serializers.ModelSerializer):
-    workspace = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    workspace: serializers.SlugRelatedField[Workspace] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
     approvals_count = serializers.IntegerField(read_only=True, default=0)
 
     class Meta:
@@ -36,8 +45,12 @@ class LinkOut(serializers.Serializer):
 
 
 class StandingApprovalOut(serializers.ModelSerializer):
-    workspace = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    workspace: serializers.SlugRelatedField[Workspace] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    created_by: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(
+        slug_field="username", read_only=True
+    )
 
     class Meta:
         model = StandingApproval

@@ -16,7 +16,7 @@ from capabilities import llm
 from config.errors import ServiceError
 from config.openapi import errors
 from workspaces.api import workspace_for_write
-from workspaces.models import Permission
+from workspaces.models import Permission, Workspace
 
 from .. import selectors
 from ..authoring import drafts
@@ -35,7 +35,9 @@ class DraftIn(serializers.Serializer):
 
 
 class DraftOut(serializers.ModelSerializer):
-    workspace = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    workspace: serializers.SlugRelatedField[Workspace] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
     validation = serializers.SerializerMethodField()
 
     class Meta:

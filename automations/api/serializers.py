@@ -1,16 +1,23 @@
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from config.openapi import ErrorDetail
 
 from ..dispatcher import DispatchResult
-from ..models import Automation, AutomationStatus, AutomationVersion, Run, StepRun
+from ..models import Automation, AutomationStatus, AutomationVersion, Run, RunStatus, StepRun
+
+if TYPE_CHECKING:
+    from workspaces.models import Workspace
 
 
 class AutomationOut(serializers.ModelSerializer):
-    workspace = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    workspace: serializers.SlugRelatedField[Workspace] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
 
     class Meta:
         model = Automation
@@ -42,7 +49,9 @@ class StepOut(serializers.ModelSerializer):
 
 class RunOut(serializers.ModelSerializer):
     automation = serializers.UUIDField(source="automation_id")
-    workspace = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    workspace: serializers.SlugRelatedField[Workspace] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
     steps = serializers.SerializerMethodField()
     cancel_requested = serializers.BooleanField(
         read_only=True,
@@ -113,9 +122,7 @@ class AutomationQuery(serializers.Serializer):
 
 class RunQuery(serializers.Serializer):
     automation = serializers.UUIDField(required=False, help_text="runs of this automation")
-    status = serializers.ChoiceField(
-        choices=Run._meta.get_field("status").choices, required=False, allow_blank=True
-    )
+    status = serializers.ChoiceField(choices=RunStatus.choices, required=False, allow_blank=True)
 
     def validate(self, attrs):
         # A query string's blank value would otherwise read as "no filter"; an id is an id.
@@ -145,7 +152,7 @@ class RunAccepted(serializers.Serializer):
 
     run_id = serializers.UUIDField(allow_null=True, help_text="null when drop_if_running suppressed it")
     status_url = serializers.CharField(required=False, help_text="GET it to follow the run")
-    status = serializers.ChoiceField(choices=Run._meta.get_field("status").choices, required=False)
+    status = serializers.ChoiceField(choices=RunStatus.choices, required=False)
     suppressed = serializers.BooleanField(required=False)
     reason = serializers.CharField(required=False, help_text="why it was suppressed")
 
@@ -158,6 +165,7 @@ def dispatch_body(result: DispatchResult) -> tuple[dict, int]:
     """The body and status of a dispatch: 202 new, 200 deduplicated or suppressed."""
     if result.suppressed:
         return {"run_id": None, "suppressed": True, "reason": "drop_if_running"}, 200
+    assert result.run is not None  # only a suppressed dispatch has no run
     return run_accepted(result.run), 200 if result.deduplicated else 202
 
 

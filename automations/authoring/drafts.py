@@ -70,7 +70,9 @@ def _check_prompt(prompt: Any) -> str:
     return prompt.strip()
 
 
-def _problems(answer: str | None, workspace: Workspace, names: set[str]) -> tuple[Any, list, list]:
+def _problems(
+    answer: str | None, workspace: Workspace, names: set[str]
+) -> tuple[Any, list[dict[str, str]], list[dict[str, str]]]:
     """(definition, problems to feed back, missing credentials) for one answer."""
     definition = context.parse_json_object(answer)
     if definition is None:
@@ -123,7 +125,9 @@ def draft_create(*, workspace: Workspace, user, prompt: Any, automation: Automat
     current = automation.definition if automation is not None else None
     messages = context.generator_messages(workspace=workspace, prompt=prompt, current=current)
     usage = llm.Usage()
-    definition, problems, missing = None, [], []
+    definition: Any = None
+    problems: list[dict[str, str]] = []
+    missing: list[dict[str, str]] = []
     for rounds in range(1, MAX_ROUNDS + 1):  # noqa: B007 - rounds is recorded below
         call_started = time.perf_counter()
         completion = client.chat(messages, max_tokens=GENERATOR_MAX_TOKENS)
@@ -168,12 +172,12 @@ def draft_create(*, workspace: Workspace, user, prompt: Any, automation: Automat
 
 
 def _locked_ready_draft(draft: Draft) -> Draft:
-    draft = Draft.objects.select_for_update().filter(pk=draft.pk, expires_at__gt=timezone.now()).first()
-    if draft is None:
+    locked = Draft.objects.select_for_update().filter(pk=draft.pk, expires_at__gt=timezone.now()).first()
+    if locked is None:
         raise DraftNotFound()
-    if draft.status != DraftStatus.READY:
-        raise ServiceError("CONFLICT", f"this draft was already {draft.status}", 409)
-    return draft
+    if locked.status != DraftStatus.READY:
+        raise ServiceError("CONFLICT", f"this draft was already {locked.status}", 409)
+    return locked
 
 
 @transaction.atomic

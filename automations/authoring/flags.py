@@ -102,10 +102,11 @@ def combine(checked: list[dict[str, str]], reviewer: Any) -> list[dict[str, str]
     for item in (reviewer if isinstance(reviewer, list) else [])[:MAX_REVIEWER_FLAGS]:
         if not isinstance(item, dict) or not isinstance(item.get("message"), str):
             continue
-        kind = item.get("kind") if item.get("kind") in KINDS else "other"
-        path = item.get("path") if isinstance(item.get("path"), str) else "/"
-        if (kind, path[:200]) in seen:
+        # The reviewer's JSON is the model's: a kind may be a list, which `in KINDS` cannot hash.
+        kind = item["kind"] if isinstance(item.get("kind"), str) and item["kind"] in KINDS else "other"
+        path = item["path"][:200] if isinstance(item.get("path"), str) else "/"
+        if (kind, path) in seen:
             continue
-        seen.add((kind, path[:200]))
-        combined.append(_flag(kind, path[:200], item["message"], source="reviewer"))
+        seen.add((kind, path))
+        combined.append(_flag(kind, path, item["message"], source="reviewer"))
     return combined

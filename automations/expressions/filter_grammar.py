@@ -55,7 +55,7 @@ from __future__ import annotations
 import copy
 import operator
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -470,7 +470,7 @@ def _json_equal(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def _has_member(items: list[Any], needle: Any, budget: _Budget) -> bool:
+def _has_member(items: Sequence[Any], needle: Any, budget: _Budget) -> bool:
     for i, item in enumerate(items):
         if i % 1024 == 1023:
             budget.check()  # a long list is Python-level work, so it can and must stop

@@ -132,6 +132,7 @@ def json_copy(value: Any, limit: int = MAX_OUTPUT_BYTES, indent: int = 0) -> tup
     def copy(item: Any, depth: int) -> Any:
         nonlocal size
         size += 2 + depth * indent
+        result: str | int | float | None  # a JSON scalar; bool is an int
         if isinstance(item, str):
             size += check_text(item)
             result = str(item)

@@ -475,14 +475,13 @@ def _compile(source: str) -> _Compiled:
         # the sandboxed environment and under this budget, never in a plain environment.
         names = frozenset(meta.find_undeclared_variables(ast))
         body = ast.body
-        native = (
-            len(body) == 1
-            and isinstance(body[0], nodes.Output)
-            and len(body[0].nodes) == 1
-            and not isinstance(body[0].nodes[0], nodes.TemplateData)
-        )
-        if native:  # evaluate as `{% set result = expr %}` and read the variable back
-            ast = nodes.Template([nodes.Assign(nodes.Name("result", "store"), body[0].nodes[0])], lineno=1)
+        output = body[0] if len(body) == 1 and isinstance(body[0], nodes.Output) else None
+        expression = output.nodes[0] if output is not None and len(output.nodes) == 1 else None
+        if isinstance(expression, nodes.TemplateData):
+            expression = None
+        native = expression is not None
+        if expression is not None:  # evaluate as `{% set result = expr %}` and read the variable back
+            ast = nodes.Template([nodes.Assign(nodes.Name("result", "store"), expression)], lineno=1)
             ast.set_lineno(1)
         ast.set_environment(_ENV)
         return _Compiled(_ENV.from_string(ast), native, names)

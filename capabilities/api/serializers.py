@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rest_framework import serializers
 
 from ..credentials import NAME_PATTERN
 from ..models import Credential, CredentialKind, McpServer, McpTool, McpToolStatus, McpTransport, RiskLevel
+
+if TYPE_CHECKING:
+    from workspaces.models import Workspace
 
 
 class CredentialOut(serializers.ModelSerializer):
     """Never the secret. Metadata and grants only for operators and admins of the credential's
     workspace (``operated_workspaces`` in the context, when given); others see NAME_ONLY."""
 
-    workspace = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    workspace: serializers.SlugRelatedField[Workspace] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
 
     class Meta:
         model = Credential
@@ -38,7 +45,8 @@ class CredentialIn(serializers.Serializer):
     kind = serializers.ChoiceField(choices=CredentialKind.choices)
     secret = serializers.DictField(child=serializers.CharField(trim_whitespace=False, max_length=16384))
     metadata = serializers.JSONField(required=False, default=dict)
-    allowed_destinations = serializers.JSONField(required=False, default=list)
+    # drf-stubs type a JSONField's default as a mapping; any JSON value is valid.
+    allowed_destinations = serializers.JSONField(required=False, default=list)  # type: ignore[arg-type]
     allow_code_steps = serializers.BooleanField(required=False, default=False)
     allowed_automations = serializers.JSONField(required=False, default=None)
     workspace = serializers.SlugField(required=False)
@@ -55,8 +63,12 @@ class CredentialSecretIn(serializers.Serializer):
 
 
 class McpServerOut(serializers.ModelSerializer):
-    workspace = serializers.SlugRelatedField(slug_field="slug", read_only=True)
-    credential = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    workspace: serializers.SlugRelatedField[Workspace] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
+    credential: serializers.SlugRelatedField[Credential] = serializers.SlugRelatedField(
+        slug_field="name", read_only=True
+    )
 
     class Meta:
         model = McpServer
@@ -94,7 +106,9 @@ class McpServerPatch(serializers.Serializer):
 
 
 class McpToolOut(serializers.ModelSerializer):
-    server = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+    server: serializers.SlugRelatedField[McpServer] = serializers.SlugRelatedField(
+        slug_field="slug", read_only=True
+    )
     capability_id = serializers.SerializerMethodField()
     risk = serializers.SerializerMethodField()
     changed_since_approval = serializers.BooleanField(read_only=True)

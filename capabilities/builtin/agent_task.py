@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -42,6 +42,8 @@ from ..base import (
 DEFAULT_MAX_TURNS = 8
 MAX_TOOL_RESULT_CHARS = 16_000
 MAX_FEEDBACK_ERRORS = 10
+
+ToolCaller = Callable[[str, Mapping[str, Any], str], Envelope]  # ActionContext.call_tool
 
 CONFIG_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -126,7 +128,7 @@ def _final_answer(content: str | None, schema: Mapping[str, Any] | None) -> tupl
     return data, problems[:MAX_FEEDBACK_ERRORS]
 
 
-def _tool_result(ctx: ActionContext, call: Mapping[str, str], names: Mapping[str, str]) -> Envelope:
+def _tool_result(call_tool: ToolCaller, call: Mapping[str, str], names: Mapping[str, str]) -> Envelope:
     tool_id = names.get(call["name"], call["name"] if call["name"] in names.values() else None)
     if tool_id is None:
         envelope = Envelope.failure(ErrorCode.POLICY_VIOLATION,
@@ -140,7 +142,7 @@ def _tool_result(ctx: ActionContext, call: Mapping[str, str], names: Mapping[str
             envelope = Envelope.failure(ErrorCode.INVALID_ARGUMENT, "tool arguments must be a JSON object",
                                         retryable=False)  # fmt: skip
         else:
-            envelope = ctx.call_tool(tool_id, args, call["key"])
+            envelope = call_tool(tool_id, args, call["key"])
     return envelope
 
 
@@ -160,15 +162,18 @@ def _cancelled(what: str) -> StepFailure:
 
 
 def handler(ctx: ActionContext, config: Mapping[str, Any]) -> Envelope:
-    if ctx.call_tool is None:
+    call_tool = ctx.call_tool
+    if call_tool is None:
         raise StepFailure(ErrorCode.INTERNAL, "tools cannot be called here")
     # A cancel shuts the model call in flight down (its connections are the step's own), and a
     # tool in flight stops as that tool's own step would (a sandbox killed, an HTTP call abandoned).
     with _client(ctx).interruptible(ctx.cancelled) as client:
-        return _converse(ctx, config, client)
+        return _converse(ctx, config, client, call_tool)
 
 
-def _converse(ctx: ActionContext, config: Mapping[str, Any], client: llm.LlmClient) -> Envelope:
+def _converse(
+    ctx: ActionContext, config: Mapping[str, Any], client: llm.LlmClient, call_tool: ToolCaller
+) -> Envelope:
     deadline = time.monotonic() + ctx.timeout_seconds
     specs, names = tools.function_specs(tools.tools_matching(config.get("tools") or [], ctx.workspace_id))
     schema = config.get("output_schema")
@@ -178,7 +183,7 @@ def _converse(ctx: ActionContext, config: Mapping[str, Any], client: llm.LlmClie
         while state["pending"]:
             ctx.save_state(state)  # a tool call may park the run: resume from here
             call = state["pending"][0]
-            envelope = _tool_result(ctx, call, names)
+            envelope = _tool_result(call_tool, call, names)
             if ctx.cancelled.is_set():
                 error = (envelope.error or {}).get("message") or "it was not called"
                 raise _cancelled(

@@ -198,7 +198,7 @@ def _problems(config: Mapping[str, Any], kind: str, *, saving: bool) -> list[tup
     ``saving``: the config is unrendered; a templated value is checked once rendered.
     """
     problems: list[tuple[str, str, str]] = []
-    files = config.get("files") if isinstance(config.get("files"), Mapping) else {}
+    files: Mapping[str, Any] = config["files"] if isinstance(config.get("files"), Mapping) else {}
     if kind == "run_python":
         code_pointer, main = "/code", PYTHON_MAIN if "code" in config else None
         if ("code" in config) == ("script" in config):
@@ -232,11 +232,11 @@ def _problems(config: Mapping[str, Any], kind: str, *, saving: bool) -> list[tup
                     "to write a literal '{{', '{%' or '{#', split it (e.g. '{' '{')"
                 )))  # fmt: skip
 
-    args = config.get("args") if isinstance(config.get("args"), list) else []
+    args: list[Any] = config["args"] if isinstance(config.get("args"), list) else []
     for i, arg in enumerate(args):
         if isinstance(arg, str) and "\0" in arg:
             problems.append((f"/args/{i}", "invalid_config", "arguments cannot contain NUL characters"))
-    names = config.get("credentials") if isinstance(config.get("credentials"), list) else []
+    names: list[Any] = config["credentials"] if isinstance(config.get("credentials"), list) else []
     seen: dict[str, str] = {}
     for i, name in enumerate(names):
         if not isinstance(name, str) or _is_template(name):

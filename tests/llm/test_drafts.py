@@ -128,6 +128,20 @@ def test_reviewer_flags_are_kept_beside_the_checks_and_unknown_kinds_become_othe
     assert ("other", "reviewer") in by_source
 
 
+def test_reviewer_flags_of_any_json_shape_become_other_flags_not_a_crash(llm, operator):
+    review = {"summary": "Posts daily.", "flags": [
+        {"kind": ["cost"], "path": "/plan/0", "message": "a list for a kind"},
+        {"kind": {"k": 1}, "path": ["/"], "message": "an object for a kind, a list for a path"},
+    ]}  # fmt: skip
+    llm.script(reply_json(DIGEST), reply_json(review))
+
+    response = client_for(operator).post("/api/v1/drafts", {"prompt": PROMPT}, format="json")
+
+    assert response.status_code == 201, response.content
+    reviewer = {(f["kind"], f["path"]) for f in response.json()["flags"] if f["source"] == "reviewer"}
+    assert reviewer == {("other", "/plan/0"), ("other", "/")}
+
+
 def test_saving_is_an_operators_act_and_is_audited_with_the_prompt_digest_model_and_saver(
     llm, operator, viewer, workspace
 ):
