@@ -7,7 +7,7 @@ past that it is the planner's estimate (``EXPLAIN``, never executed; PostgreSQL 
 shown as a round number; where the planner expects far more rows than that, nothing is
 counted at all. ``HistoryAdminMixin`` turns off the whole-table count too.
 
-Pages stop at ``MAX_PAGES``: page N is an OFFSET, which reads every row above it, so
+Pages stop at ``MAX_PAGES``: page N is an OFFSET, which reads every key above it, so
 the newest ``MAX_PAGES`` pages of a list are offered and older rows are reached by
 narrowing it (a filter, a search), as the changelist then says.
 """
@@ -67,6 +67,17 @@ class EstimatedCountPaginator(Paginator):
     def capped(self) -> bool:
         """Whether rows lie beyond the last page offered."""
         return self.count > MAX_PAGES * self.per_page
+
+    def page(self, number):
+        """Past the first page, the page's keys first (an index-only OFFSET), then its rows: an
+        OFFSET over whole rows would read, and join, every row above the page."""
+        number = self.validate_number(number)
+        bottom = (number - 1) * self.per_page
+        if bottom == 0 or not hasattr(self.object_list, "values_list"):
+            return super().page(number)
+        keys = list(self.object_list.values_list("pk", flat=True)[bottom : bottom + self.per_page])
+        rows = {row.pk: row for row in self.object_list.filter(pk__in=keys)}
+        return self._get_page([rows[key] for key in keys if key in rows], number, self)
 
     def validate_number(self, number):
         try:
