@@ -269,12 +269,11 @@ def run_cancel(*, run: Run, user=None) -> Run:
             status=RunStatus.CANCELLED, cancel_requested=True, finished_at=timezone.now(),
             error={"code": "CANCELLED", "message": "cancelled by an operator"},
         )  # fmt: skip
-        StepRun.objects.filter(run=run, status=StepStatus.AWAITING_APPROVAL).update(status=StepStatus.FAILED,
-                                                                                  error_code="CANCELLED")  # fmt: skip
-        StepRun.objects.filter(run=run, status=StepStatus.WAITING).update(
-            status=StepStatus.CANCELLED, error_code="CANCELLED", finished_at=timezone.now(),
-            error_message="cancelled while waiting for its timer",
-        )  # fmt: skip
+        for status, why in ((StepStatus.AWAITING_APPROVAL, "a decision"), (StepStatus.WAITING, "its timer")):
+            StepRun.objects.filter(run=run, status=status).update(
+                status=StepStatus.CANCELLED, error_code="CANCELLED", finished_at=timezone.now(),
+                error_message=f"cancelled while waiting for {why}",
+            )  # fmt: skip
         summary = "run cancelled"
         instruments.run_finished(status=RunStatus.CANCELLED, queue=run.queue, created_at=run.created_at,
                                  finished_at=timezone.now())  # fmt: skip

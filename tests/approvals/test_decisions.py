@@ -325,6 +325,9 @@ def test_run_cancelled_while_awaiting_is_not_resumed(drive, people, parked):
     run_cancel(run=parked.run, user=people.owner)
     parked.approval.refresh_from_db()
     assert parked.approval.status == "invalidated"  # cancelling closes the open approval
+    step = parked.run.steps.get()
+    assert (step.status, step.error_code) == ("cancelled", "CANCELLED")
+    assert step.error_message == "cancelled while waiting for a decision"
     with pytest.raises(ApprovalError):
         drive.decide(parked.approval, people.alice)
 
