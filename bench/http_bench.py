@@ -58,6 +58,11 @@ class Topology(Workers):
         self.port = _free_port()
         self.web_workers = web_workers
         self.traced = traced
+        self.web_index = -1
+
+    def web_cpu_seconds(self) -> float:
+        """CPU time used so far by the web server's processes (gunicorn's master and workers: one group)."""
+        return _group_cpu_seconds(self.procs[self.web_index].pid) if self.web_index >= 0 else float("nan")
 
     def __enter__(self) -> Topology:
         from ops.management.commands.up import build_specs
@@ -70,6 +75,8 @@ class Topology(Workers):
         for spec in specs:
             if self.traced:
                 spec = _traced(spec)
+            if spec.name == "web":
+                self.web_index = len(self.procs)
             log = open(log_dir / f"bench-http-{spec.name}.log", "ab")  # noqa: SIM115 - closed with the process
             self.procs.append(subprocess.Popen(spec.argv, cwd=spec.cwd, env=spec.env, stdout=log,
                                                stderr=subprocess.STDOUT, start_new_session=True))  # fmt: skip
@@ -89,6 +96,19 @@ class Topology(Workers):
                     raise RuntimeError(f"web did not answer on port {self.port}") from None
                 time.sleep(0.2)
         super().wait_ready(timeout=max(1.0, deadline - time.monotonic()))
+
+
+def _group_cpu_seconds(group: int) -> float:
+    """user + system CPU of the live processes of process group ``group`` (Linux /proc)."""
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[2]) == group:  # pgrp
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _traced(spec):
@@ -379,8 +399,13 @@ def run(*, n: int, runs: int, web_workers: int, concurrency: dict[str, int], see
 
         if traced:
             out(f"\nwhere the time of one fire → final goes (p50 of each segment over {n} traced fires):")
-            for pair, label, p50, samples in trace.segments(traced_latency(topology.port, one, seer, n)):
+            cpu = topology.web_cpu_seconds()
+            traces = traced_latency(topology.port, one, seer, n)
+            cpu = topology.web_cpu_seconds() - cpu
+            for pair, label, p50, samples in trace.segments(traces):
                 out(f"  {p50:8.2f} ms  {label}  [{pair}{'' if samples == n else f', {samples} samples'}]")
+            out(f"  web server CPU per fire (its processes' user + system time over these fires, polls "
+                f"included when --see api): {cpu / n * 1000:.2f} ms")  # fmt: skip
             out("")
 
         if "throughput" not in skip:
