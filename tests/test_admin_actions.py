@@ -8,6 +8,8 @@ workspace role, as in the services and the API.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.contrib import admin
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
@@ -18,7 +20,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from approvals.models import Approval, ApprovalStatus, StandingApproval
-from audit.models import AuditCheckpoint, AuditEvent
+from approvals.services import standing_approval_create
+from audit.checkpoints import checkpoint_write
+from audit.models import AuditChainHead, AuditCheckpoint, AuditEvent
 from audit.sequencer import sequence_pending
 from automations import services
 from automations.models import Automation, Run, RunStatus
@@ -43,8 +47,8 @@ ACTIONS = {
     "capabilities.mcpserver": {"harvest_now": HERE, "delete_selected": HERE},
     "capabilities.mcptool": {"reapprove": HERE, "risk_low": HERE, "risk_medium": HERE, "risk_high": HERE,
                              "risk_critical": HERE, "risk_default": HERE},
-    "triggers.trigger": {"rotate_token": "tests/triggers", "revoke_token": "tests/triggers",
-                         "rotate_signing_secret": "tests/triggers"},
+    "triggers.trigger": {"rotate_token": "tests/triggers/test_triggers_api.py", "revoke_token": "ditto",
+                         "rotate_signing_secret": "ditto"},
     # Django's own delete of rows that belong to no workspace (superusers, or staff given the permission).
     "auth.user": {"delete_selected": "django"}, "auth.group": {"delete_selected": "django"},
     "triggers.webhookratewindow": {"delete_selected": "django"}, "ops.heartbeat": {"delete_selected": "django"},
@@ -178,12 +182,10 @@ def test_deciding_from_the_list_refuses_an_operator_and_works_for_an_approver(
 
 
 def test_revoking_a_standing_approval_refuses_an_operator(people, drive):
-    from approvals.services import standing_approval_create
-
     automation = drive.automation(definition(transform("a", 1), name="standing"))
     standing = standing_approval_create(
         workspace=people.workspace, automation_id=automation.pk, capability_id="http_request", max_uses=3,
-        expires_at=timezone.now() + timezone.timedelta(days=1), user=people.alice,
+        expires_at=timezone.now() + timedelta(days=1), user=people.alice,
     )  # fmt: skip
 
     assert "does not allow" in act(staff(people.operator), "approvals.standingapproval", "revoke_selected",
@@ -201,26 +203,19 @@ def test_revoking_a_standing_approval_refuses_an_operator(people, drive):
 
 @pytest.mark.parametrize("model", ["audit.auditevent", "audit.auditcheckpoint", "audit.auditchainhead"])
 def test_verifying_is_read_only_and_open_to_every_role(automation, viewer, model):
-    from audit.checkpoints import checkpoint_write
-
     sequence_pending()
     checkpoint_write()
-    rows = {"audit.auditevent": AuditEvent.objects.values_list("pk", flat=True).first(),
-            "audit.auditcheckpoint": AuditCheckpoint.objects.values_list("pk", flat=True).first()}  # fmt: skip
-    from audit.models import AuditChainHead
-
-    rows["audit.auditchainhead"] = AuditChainHead.objects.values_list("pk", flat=True).first()
+    rows = {"audit.auditevent": AuditEvent, "audit.auditcheckpoint": AuditCheckpoint,
+            "audit.auditchainhead": AuditChainHead}  # fmt: skip
     before = AuditEvent.objects.count()
 
-    page = act(staff(viewer), model, "verify_chain", rows[model])
+    page = act(staff(viewer), model, "verify_chain", rows[model].objects.values_list("pk", flat=True).first())
 
     assert "Audit ledger OK" in page
     assert AuditEvent.objects.count() == before  # verification writes nothing
 
 
 def test_writing_a_checkpoint_needs_the_permission(automation, viewer, owner):
-    from audit.checkpoints import checkpoint_write
-
     sequence_pending()
     first = checkpoint_write()[0]
     services.automation_update(automation=automation, user=owner, status="paused")  # the chain moves on
@@ -231,10 +226,14 @@ def test_writing_a_checkpoint_needs_the_permission(automation, viewer, owner):
     viewer.user_permissions.add(AuthPermission.objects.get(codename="view_auditcheckpoint"))
     client.force_login(viewer)
 
-    assert "You may not write checkpoints" in act(client, "audit.auditcheckpoint", "write_checkpoint_now", first.pk)
+    assert "You may not write checkpoints" in act(
+        client, "audit.auditcheckpoint", "write_checkpoint_now", first.pk
+    )
     assert AuditCheckpoint.objects.count() == 1
 
-    assert "1 checkpoint(s) written" in act(staff(owner), "audit.auditcheckpoint", "write_checkpoint_now", first.pk)
+    assert "1 checkpoint(s) written" in act(
+        staff(owner), "audit.auditcheckpoint", "write_checkpoint_now", first.pk
+    )
     assert AuditCheckpoint.objects.count() == 2
 
 

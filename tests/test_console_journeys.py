@@ -229,6 +229,7 @@ def may_not_approve(page: Page, world) -> None:
     page.goto(f"{page.base}/admin/")
     page.locator("#needs-me").get_by_role("link", name="Pending approvals").click()
     expect(page.locator("#result_list")).to_contain_text("pay-invoices")
+    page.shot("approvals")
     page.locator("#result_list tbody tr").filter(has_text="pay-invoices").locator("a").first.click()
     expect(page.locator("#approval-what")).to_contain_text("/ok")
     expect(page.locator("body")).to_contain_text("your role in this workspace does not allow approving")
