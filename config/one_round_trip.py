@@ -8,7 +8,9 @@ network round trip and one commit for what would otherwise be five round trips.
 
 Only outside a transaction (autocommit), on PostgreSQL: :func:`available` says when.
 The statements are the ORM's own (compiled, not hand-written), so columns,
-defaults (``auto_now_add``) and value adaptation are the same as ``save()``'s.
+defaults (``auto_now_add``) and value adaptation are the same as ``save()``'s;
+unlike ``save()``, no ``pre_save``/``post_save`` signal is sent (the models written
+this way have no receivers).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from django.db import connection, transaction
+from django.db.models.signals import post_save, pre_save
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
@@ -88,3 +89,10 @@ def test_when_one_of_the_writes_fails_none_is_made_and_nothing_is_queued(hook, n
     assert (Run.objects.count(), AuditEvent.objects.count()) == (runs_before, events_before)
     assert Trigger.objects.get(pk=trigger.pk).last_fired_at == fired_before
     assert no_enqueue == []
+
+
+@pytest.mark.django_db(transaction=False)
+def test_nothing_listens_for_the_signals_the_one_round_trip_path_does_not_send():
+    for model in (Run, Trigger, AuditEvent):
+        assert not pre_save.has_listeners(model), model
+        assert not post_save.has_listeners(model), model
