@@ -112,11 +112,12 @@ class VerifyResult:
 def verify_chain(chain: str, *, since_checkpoint: bool = False) -> VerifyResult:
     """Verify one chain; ``result.broken`` names the first broken link.
 
-    ``since_checkpoint``: walk only from the chain's newest checkpoint on (every
-    checkpoint's signature is still checked, and the checkpointed event must still
-    carry the signed hash). What lies below that checkpoint is taken as the last full
-    verification left it, so a nightly run costs the day's events; run a full one
-    regularly too, since only it recomputes the older rows.
+    ``since_checkpoint``: walk only from the chain's newest checkpoint on (its signature,
+    and that of the checkpoint backing a truncation anchor, are checked, and the
+    checkpointed event must still carry the signed hash). What lies below that checkpoint,
+    rows and older checkpoints, is taken as the last full verification left it, so a
+    nightly run costs the day's events; run a full one regularly too, since only it
+    recomputes the older rows and re-checks every signature.
     """
     result = VerifyResult(chains=[chain])
 
@@ -126,13 +127,21 @@ def verify_chain(chain: str, *, since_checkpoint: bool = False) -> VerifyResult:
 
     head = AuditChainHead.objects.filter(chain=chain).values_list("seq", "head_hash").first()
     checkpoints = list(AuditCheckpoint.objects.filter(chain=chain).order_by("seq", "id"))
-    for cp in checkpoints:
-        if not checkpoint_signature_valid(cp):
-            return broken(
-                f"checkpoint #{cp.id} has an invalid signature (key {cp.key_id or '?'})",
-                seq=cp.seq,
-                checkpoint_id=cp.id,
-            )
+
+    def forged(checkpoints_to_check) -> VerifyResult | None:
+        for cp in checkpoints_to_check:
+            if not checkpoint_signature_valid(cp):
+                return broken(
+                    f"checkpoint #{cp.id} has an invalid signature (key {cp.key_id or '?'})",
+                    seq=cp.seq,
+                    checkpoint_id=cp.id,
+                )
+        return None
+
+    # An incremental run checks the signatures it stands on (below); the others, like the
+    # rows below its start, were checked by the last full run.
+    if not since_checkpoint and (failed := forged(checkpoints)):
+        return failed
 
     expected_seq, last_id = 1, None
     prev_hash: str | None = GENESIS_HASH
@@ -145,18 +154,21 @@ def verify_chain(chain: str, *, since_checkpoint: bool = False) -> VerifyResult:
                 seq=anchor.seq,
             )
         expected_seq, prev_hash = anchor.payload["seq"], anchor.payload["prev_hash"]
-        if anchor.seq < expected_seq or not any(
-            cp.seq == expected_seq - 1 and cp.head_hash == prev_hash for cp in checkpoints
-        ):
+        backing = [cp for cp in checkpoints if cp.seq == expected_seq - 1 and cp.head_hash == prev_hash]
+        if anchor.seq < expected_seq or not backing:
             return broken(
                 f"truncation anchor (from seq {expected_seq}) is not backed by a signed checkpoint at "
                 f"seq {expected_seq - 1} with its prev_hash",
                 event_id=anchor.id,
                 seq=anchor.seq,
             )
+        if since_checkpoint and (failed := forged(backing)):
+            return failed
     if since_checkpoint and checkpoints and checkpoints[-1].seq >= expected_seq:
         # None: the first row's prev_hash is vouched for by the checkpoint's signed hash of that row.
         expected_seq, prev_hash = checkpoints[-1].seq, None
+    if since_checkpoint and (failed := forged(cp for cp in checkpoints if cp.seq >= expected_seq)):
+        return failed
     # Checkpoints below the start (truncated away) were checked for their signatures only.
     pending = next((i for i, cp in enumerate(checkpoints) if cp.seq >= expected_seq), len(checkpoints))
     signed_hashes = [_hex_bytes(cp.head_hash) for cp in checkpoints]

@@ -361,3 +361,37 @@ def test_chains_verified_in_parallel_report_the_broken_one(tamper):
     tamper.set_payload(second[1].id, {"i": 999})
     result = verify_all(jobs=3)
     assert (result.broken.chain, result.broken.event_id) == ("ws-2", second[1].id)
+
+
+def _forge(checkpoint: AuditCheckpoint) -> AuditCheckpoint:
+    """A second checkpoint of the same statement, signed by a key that is not the platform's."""
+    data = checkpoint_bytes(
+        chain=checkpoint.chain,
+        seq=checkpoint.seq,
+        head_hash=checkpoint.head_hash,
+        created_at=checkpoint.created_at,
+    )
+    return AuditCheckpoint.objects.create(
+        chain=checkpoint.chain,
+        seq=checkpoint.seq,
+        head_hash=checkpoint.head_hash,
+        created_at=checkpoint.created_at,
+        key_id=checkpoint.key_id,
+        signature=signing.b64url(Ed25519PrivateKey.generate().sign(data)),
+    )
+
+
+@pytest.mark.django_db
+def test_since_checkpoint_checks_the_signature_it_stands_on_and_leaves_older_ones_to_the_full_walk():
+    _events(2)
+    (old,) = checkpoint_write()
+    _events(2)
+    (newest,) = checkpoint_write()
+    _events(1)
+    forged_old = _forge(old)
+    assert verify_chain("ws-1", since_checkpoint=True).ok
+    assert verify_chain("ws-1").broken.checkpoint_id == forged_old.id
+    forged_newest = _forge(newest)
+    result = verify_chain("ws-1", since_checkpoint=True)
+    assert result.broken.checkpoint_id == forged_newest.id
+    assert "invalid signature" in result.broken.reason
