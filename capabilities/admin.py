@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import AnonymousUser
 from django.db.models import F
 from django.utils.html import format_html
 
@@ -115,7 +117,8 @@ class CredentialForm(forms.ModelForm):
         return secret
 
     def clean(self):
-        cleaned = super().clean()
+        super().clean()
+        cleaned = self.cleaned_data  # what ModelForm.clean returns
         kind = self.instance.kind if self.instance.pk else cleaned.get("kind")
         if kind is None:
             return cleaned
@@ -225,10 +228,11 @@ class McpServerForm(forms.ModelForm):
         model = McpServer
         fields = ["workspace", "slug", "name", "transport", "url", "command", "env", "credential", "enabled"]
 
-    user = None  # set by McpServerAdmin.get_form
+    user: AbstractBaseUser | AnonymousUser | None = None  # set by McpServerAdmin.get_form
 
     def clean(self):
-        cleaned = super().clean()
+        super().clean()
+        cleaned = self.cleaned_data  # what ModelForm.clean returns
         workspace = self.instance.workspace if self.instance.pk else cleaned.get("workspace")
         transport = self.instance.transport if self.instance.pk else cleaned.get("transport")
         if workspace is None or transport is None:
@@ -271,6 +275,7 @@ class McpServerAdmin(WorkspaceAdministeredAdmin):
 
     def get_form(self, request, obj=None, change=False, **kwargs):
         form = super().get_form(request, obj, change=change, **kwargs)
+        assert issubclass(form, McpServerForm)  # built from self.form
         form.user = request.user
         return form
 

@@ -26,7 +26,7 @@ from .serializers import (
 )
 
 
-class _VisibleEventsMixin:
+class _VisibleEventsMixin(generics.GenericAPIView):
     def visible_workspace_ids(self):
         return workspace_ids_for(self.request.user, Permission.VIEW)
 

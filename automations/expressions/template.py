@@ -292,7 +292,7 @@ class _Environment(ImmutableSandboxedEnvironment):
         except TypeError:
             raise TemplateError(f"cannot apply {operator} to {_kind(left)} and {_kind(right)}") from None
 
-    def concat(self, pieces: Any) -> str:  # type: ignore[override]  # buffers of macros and blocks
+    def concat(self, pieces: Any) -> str:  # buffers of macros and blocks
         pieces = list(pieces)
         reserve(sum(map(len, pieces)))
         return "".join(pieces)

@@ -79,7 +79,7 @@ def _filter_workspace(queryset, request, field: str = "workspace"):
     return queryset.filter(**{f"{field}__slug": slug}) if slug else queryset
 
 
-class _CredentialShapes:
+class _CredentialShapes(generics.GenericAPIView):
     """Operators and admins see metadata and grants; viewers and approvers names and kinds only."""
 
     def get_serializer_context(self):

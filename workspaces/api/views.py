@@ -42,8 +42,11 @@ class WorkspaceList(generics.ListAPIView):
     serializer_class = WorkspaceListOut
 
     def get_queryset(self):
+        user = self.request.user
+        if not user.is_authenticated:  # refused before this by IsAuthenticated
+            return Workspace.objects.none()
         return (
-            Workspace.objects.filter(memberships__user=self.request.user)
+            Workspace.objects.filter(memberships__user=user)
             .annotate(role=F("memberships__role"))
             .order_by("slug")
         )
