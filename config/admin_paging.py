@@ -75,9 +75,11 @@ class EstimatedCountPaginator(Paginator):
         bottom = (number - 1) * self.per_page
         if bottom == 0 or not hasattr(self.object_list, "values_list"):
             return super().page(number)
-        keys = list(self.object_list.values_list("pk", flat=True)[bottom : bottom + self.per_page])
-        rows = {row.pk: row for row in self.object_list.filter(pk__in=keys)}
-        return self._get_page([rows[key] for key in keys if key in rows], number, self)
+        queryset = cast("QuerySet[Any]", self.object_list)
+        keys = list(queryset.values_list("pk", flat=True)[bottom : bottom + self.per_page])
+        rows = {row.pk: row for row in queryset.filter(pk__in=keys)}
+        # Paginator._get_page is Django's hook for the Page class; django-stubs leave it out.
+        return self._get_page([rows[key] for key in keys if key in rows], number, self)  # type: ignore[attr-defined]
 
     def validate_number(self, number):
         try:
