@@ -153,3 +153,56 @@ def test_pages_stop_at_the_cap_and_the_list_says_to_narrow_it(history, monkeypat
 
     narrowed = client.get(url, {"status__exact": "failed"})  # 4 runs: one page, no note
     assert "narrow the list" not in narrowed.content.decode()
+
+
+_BIG_TABLES = ("automations_run", "automations_steprun", "audit_auditevent")
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="plans are PostgreSQL's")
+@pytest.mark.parametrize("who", ["superuser", "staff"])
+def test_no_changelist_query_scans_a_history_table_at_a_few_thousand_rows(history, who):
+    workspace_id, automation = history["runs"][0].workspace_id, history["automation"]
+    runs = Run.objects.bulk_create(
+        Run(workspace_id=workspace_id, automation=automation, automation_version=1, snapshot={},
+            queue="automations_default", status=RunStatus.FAILED if i % 50 == 7 else RunStatus.SUCCEEDED,
+            trace_id=uuid.uuid4().hex)
+        for i in range(3000)
+    )  # fmt: skip
+    StepRun.objects.bulk_create(
+        StepRun(run=run, index=0, step_id="a", action="transform_data", status="succeeded") for run in runs
+    )
+    now = timezone.now()
+    AuditEvent.objects.bulk_create(
+        AuditEvent(chain=f"ws-{workspace_id}", timestamp=now, trace_id=run.trace_id, workspace_id=workspace_id,
+                   type="run.failed" if run.status == RunStatus.FAILED else "run.created", summary="x",
+                   refs={"run": str(run.pk)})
+        for run in runs + runs
+    )  # fmt: skip
+    with connection.cursor() as cursor:
+        for table in _BIG_TABLES:
+            cursor.execute(f"ANALYZE {table}")
+    client = Client()
+    client.force_login(history[who])
+    run = runs[1234]
+    runs_cl = reverse("admin:automations_run_changelist")
+    steps_cl = reverse("admin:automations_steprun_changelist")
+    audit_cl = reverse("admin:audit_auditevent_changelist")
+    for url, query in [
+        (runs_cl, {}), (runs_cl, {"p": "20"}), (runs_cl, {"status__exact": "failed"}), (runs_cl, {"q": run.trace_id}),
+        (runs_cl, {"q": str(run.pk)}), (steps_cl, {}), (steps_cl, {"p": "20"}), (steps_cl, {"q": str(run.pk)}),
+        (audit_cl, {}), (audit_cl, {"p": "20"}), (audit_cl, {"type": "run.failed"}), (audit_cl, {"q": str(run.pk)}),
+    ]:  # fmt: skip
+        with CaptureQueriesContext(connection) as queries:
+            assert client.get(url, query).status_code == 200
+        for sql in [q["sql"] for q in queries.captured_queries]:
+            if not sql.startswith("SELECT") or not any(f'FROM "{t}"' in sql for t in _BIG_TABLES):
+                continue
+            with connection.cursor() as cursor:
+                # At this size a sequential scan is often the cheaper plan; the question is whether an
+                # index serves the query at all (without one, the planner scans anyway).
+                cursor.execute("SET enable_seqscan = off")
+                cursor.execute(f"EXPLAIN {sql}")
+                plan = "\n".join(row[0] for row in cursor.fetchall())
+                cursor.execute("RESET enable_seqscan")
+            scanned = [t for t in _BIG_TABLES if f"Seq Scan on {t}" in plan]
+            assert not scanned, f"{who} {url} {query}\n{sql}\n{plan}"
