@@ -31,7 +31,7 @@ from approvals.models import Approval, ApprovalStatus
 from audit import writer
 from workspaces.models import Workspace
 
-from .models import FINAL_RUN_STATUSES, Run, StepRun
+from .models import FINAL_RUN_STATUSES, DispatchKey, Run, StepRun
 
 
 @dataclass
@@ -72,9 +72,12 @@ def _prune_batch(workspace: Workspace, cutoff, days: int, batch: int) -> tuple[i
         )
         if not ids:
             return 0, 0
+        # By ids, without Django's delete collector (which would read the runs back whole
+        # and delete their steps a second time): first what points at the runs, then the runs.
         steps, _ = StepRun.objects.filter(run_id__in=ids).delete()
-        _, deleted = Run.objects.filter(pk__in=ids).delete()
-        runs = deleted.get("automations.Run", 0)
+        DispatchKey.objects.filter(run_id__in=ids).delete()
+        Run.objects.filter(parent_run_id__in=ids).exclude(pk__in=ids).update(parent_run=None)
+        runs = Run.objects.filter(pk__in=ids)._raw_delete(Run.objects.db)
         writer.append(
             trace_id=uuid.uuid4().hex,
             type="history.pruned",

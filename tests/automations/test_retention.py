@@ -14,7 +14,7 @@ from audit import sequencer, writer
 from audit.models import AuditEvent
 from audit.verify import verify_chain
 from automations import retention, services
-from automations.models import Run, RunStatus, StepRun
+from automations.models import DispatchKey, Run, RunStatus, StepRun
 from tests.factories import definition, transform
 from workspaces.services import workspace_get_or_create
 
@@ -136,3 +136,17 @@ def test_the_command_reports_and_can_stop_early(ages, capsys):
     out = capsys.readouterr().out
     assert "acme: 3 runs pruned" in out
     assert _left(ages["kinds"]["old_final"]) == 0
+
+
+def test_a_pruned_run_takes_its_dispatch_keys_and_its_re_runs_keep_their_history(ages):
+    kinds = ages["kinds"]
+    pruned, kept = kinds["old_final"][0], kinds["young_final"][0]
+    DispatchKey.objects.create(scope="t", key="k1", run_id=pruned, expires_at=timezone.now())
+    DispatchKey.objects.create(scope="t", key="k2", run_id=kept, expires_at=timezone.now())
+    Run.objects.filter(pk=kept).update(parent_run_id=pruned)
+    Run.objects.filter(pk=kinds["old_final"][1]).update(parent_run_id=pruned)  # pruned in the same pass
+    assert retention.history_prune(batch=2).runs == 5
+    assert list(DispatchKey.objects.values_list("key", flat=True)) == ["k2"]
+    assert Run.objects.get(pk=kept).parent_run_id is None
+    assert StepRun.objects.filter(run_id=kept).count() == 2
+    assert StepRun.objects.filter(run_id__in=kinds["old_final"]).count() == 0
