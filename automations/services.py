@@ -315,7 +315,10 @@ def run_rerun(*, run: Run, user=None, from_step: str | None = None) -> Run:
         workspace_id=run.workspace_id, automation_id=run.automation_id, automation_version=run.automation_version,
         snapshot=run.snapshot, inputs=run.inputs, trigger_type=run.trigger_type, trigger_key=run.trigger_key,
         trigger_id=run.trigger_id, trigger_payload=run.trigger_payload, triggered_by=writer.actor_for(user),
-        principal_ids=sorted({*run.principal_ids, *_principal(user)}), trace_id=uuid.uuid4().hex, parent_run=run, queue=run.queue, concurrency_key=run.concurrency_key,
+        principal_ids=sorted({*run.principal_ids, *_principal(user)}), trace_id=uuid.uuid4().hex, parent_run=run,
+        # Not an event hop: a re-run sits at the depth of the run it repeats, so its events count
+        # toward MAX_CHAIN_DEPTH as the original's did (depth 0 would let a loop start over).
+        chain_depth=run.chain_depth, queue=run.queue, concurrency_key=run.concurrency_key,
         step_index=start, context=context, enqueued_at=timezone.now(),
     )  # fmt: skip
     for step_run in run.steps.filter(phase="plan", index__lt=start):

@@ -199,6 +199,15 @@ def test_the_run_page_links_along_an_event_chain_with_its_depth(workspace, opera
     assert 'id="child-runs">started no run<' in below
     assert "re-run of" in admin.get(_page(rerun)).content.decode()
 
+    # A re-run is not an event hop: it keeps the depth of the run it repeats, and so do its events.
+    again = services.run_rerun(run=second, user=operator)
+    assert again.chain_depth == second.chain_depth == 1
+    page = admin.get(_page(again)).content.decode()
+    assert 'id="chain-depth">depth 1<' in page
+    assert f're-run of <a href="{_page(second)}" id="parent-link">' in page
+    drive(again.pk)
+    assert DomainEvent.objects.filter(parent_run_id=again.pk).get().chain_depth == 2
+
 
 def test_the_confirm_pages_share_one_form(automation, operator, drive):
     run = drive(services.run_create(automation=automation, inputs={}, user=operator).run.pk)
