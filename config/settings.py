@@ -152,6 +152,8 @@ if _db["ENGINE"] == "django.db.backends.sqlite3":
     if Path(_db["NAME"]).parent == DATA_DIR:
         _private_file(Path(_db["NAME"]))
 elif _db["ENGINE"] in ("django.db.backends.postgresql",):
+    # Django's backend, with a health check that needs no round trip on an idle connection.
+    _db["ENGINE"] = "config.postgresql"
     _db.setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=60))
     _db.setdefault("CONN_HEALTH_CHECKS", True)
 else:
