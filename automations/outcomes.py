@@ -35,7 +35,7 @@ from .concurrency import run_settled
 from .enqueue import run_wake_at
 from .models import FINAL_RUN_STATUSES, Run, RunStatus, StepRun, StepStatus
 from .steps import ON_FAILURE, PLAN, definite_failure
-from .transitions import check_transition, log_change
+from .transitions import check_transition, log_change, skip_unreached
 
 DEFAULT_RUN_TIMEOUT = 3600.0
 MAX_BACKOFF_SECONDS = 300.0
@@ -314,18 +314,6 @@ class RunRecorder:
         ]
         return done[-1].output.get("data") if done and done[-1].output else None
 
-    def _skip_unreached(self, status: str) -> None:
-        """Plan steps a failed, timed-out or cancelled run never reached are ``skipped``."""
-        plan = self.run.snapshot["plan"]
-        reached = {index for (phase, index) in self.step_runs if phase == PLAN}
-        now = timezone.now()
-        StepRun.objects.bulk_create([
-            StepRun(run=self.run, phase=PLAN, index=i, step_id=s["step_id"], action=s["action"],
-                    status=StepStatus.SKIPPED, error_message=f"not run: the run {status} before this step",
-                    started_at=now, finished_at=now)
-            for i, s in enumerate(plan) if i not in reached
-        ])  # fmt: skip
-
     def _finish(self, status: str, *, output: Any = None, error: dict | None = None) -> None:
         with transaction.atomic(savepoint=False):
             self._update_run(status=status, output=output, error=error, finished_at=timezone.now(),
@@ -333,7 +321,7 @@ class RunRecorder:
             instruments.run_finished(status=status, queue=self.run.queue, created_at=self.run.created_at,
                                      finished_at=self.run.finished_at)  # fmt: skip
             if status != RunStatus.SUCCEEDED:
-                self._skip_unreached(status)
+                skip_unreached(self.run, status, {index for (phase, index) in self.step_runs if phase == PLAN})
             outcome = Outcome.SUCCESS if status == RunStatus.SUCCEEDED else Outcome.FAILURE
             detail = f": {error['code']}" if error else ""
             self._audit(f"run.{status}", f"run {status}{detail}", outcome,

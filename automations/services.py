@@ -38,7 +38,7 @@ from .models import (
     StepRun,
     StepStatus,
 )
-from .transitions import check_transition, log_change
+from .transitions import check_transition, log_change, skip_unreached
 
 logger = logging.getLogger(__name__)
 
@@ -274,6 +274,7 @@ def run_cancel(*, run: Run, user=None) -> Run:
                 status=StepStatus.CANCELLED, error_code="CANCELLED", finished_at=timezone.now(),
                 error_message=f"cancelled while waiting for {why}",
             )  # fmt: skip
+        skip_unreached(run, RunStatus.CANCELLED)
         summary = "run cancelled"
         instruments.run_finished(status=RunStatus.CANCELLED, queue=run.queue, created_at=run.created_at,
                                  finished_at=timezone.now())  # fmt: skip

@@ -6,7 +6,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .models import RunStatus
+from django.utils import timezone
+
+from .models import RunStatus, StepRun, StepStatus
 
 logger = logging.getLogger("autoplane.runs")
 
@@ -61,3 +63,17 @@ def log_change(run_id: Any, new: str, *, old: str | None = None, detail: str = "
     if logger.isEnabledFor(logging.INFO):
         change = f"{old} -> {new}" if old and old != new else new
         logger.info("run %s %s%s", run_id, change, f": {detail}" if detail else "")
+
+
+def skip_unreached(run, status: str, reached: set[int] | None = None) -> None:
+    """Plan steps a failed, timed-out or cancelled run never reached are ``skipped``
+    (``reached``: the plan indices that have a step row, read from the database if not given)."""
+    if reached is None:
+        reached = set(StepRun.objects.filter(run=run, phase="plan").values_list("index", flat=True))
+    now = timezone.now()
+    StepRun.objects.bulk_create([
+        StepRun(run=run, phase="plan", index=i, step_id=s["step_id"], action=s["action"],
+                status=StepStatus.SKIPPED, error_message=f"not run: the run {status} before this step",
+                started_at=now, finished_at=now)
+        for i, s in enumerate(run.snapshot["plan"]) if i not in reached
+    ])  # fmt: skip

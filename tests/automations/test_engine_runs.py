@@ -285,6 +285,29 @@ def test_wait_parks_without_holding_a_worker(workspace, drive):
     assert run.output == "done"
 
 
+def test_a_run_cancelled_while_queued_or_waiting_skips_the_steps_it_never_reached(workspace, drive):
+    def steps(run):
+        return [(s.step_id, s.status, s.error_message)
+                for s in StepRun.objects.filter(run=run, phase="plan").order_by("index")]  # fmt: skip
+
+    skipped = "not run: the run cancelled before this step"
+    queued = start(create(workspace, transform("a", 1), transform("b", 2)))
+    services.run_cancel(run=queued)
+    assert steps(queued) == [("a", "skipped", skipped), ("b", "skipped", skipped)]
+
+    automation = create(workspace, transform("first", 0), {"step_id": "pause", "action": "wait",
+                        "config": {"seconds": 3600}}, transform("after", "done"))  # fmt: skip
+    waiting = start(automation)
+    executor.execute_run(str(waiting.pk))
+    assert Run.objects.get(pk=waiting.pk).status == RunStatus.WAITING
+    services.run_cancel(run=waiting)
+    assert [(step, status) for step, status, _ in steps(waiting)] == [
+        ("first", "succeeded"), ("pause", "cancelled"), ("after", "skipped")
+    ]
+    assert drive(waiting.pk).status == RunStatus.CANCELLED
+    assert StepRun.objects.filter(run=waiting).count() == 3  # a late message adds no row
+
+
 def test_sweeper_requeues_runs_whose_worker_died(workspace, settings):
     automation = create(workspace, transform("a", 1))
     run = start(automation)
