@@ -201,7 +201,7 @@ class AutomationAdmin(WorkspaceScopedAdmin):
         rows = []
         for version, diff in selectors.version_history(automation):
             restore = ""
-            if version.version != automation.version:
+            if version.version != automation.version and getattr(automation, "may_restore", False):
                 url = reverse("admin:automations_automation_restore", args=[automation.pk, version.version])
                 restore = format_html('<a class="button" href="{}" id="restore-{}">Restore this version…</a>',
                                       url, version.version)  # fmt: skip
@@ -211,6 +211,16 @@ class AutomationAdmin(WorkspaceScopedAdmin):
         body = format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", rows)
         return format_html('<table id="versions"><tr><th>version</th><th>saved</th><th>by</th><th>change</th>'
                            "<th></th></tr>{}</table>", body)  # fmt: skip
+
+    def get_object(self, request, object_id, from_field=None):
+        """The object, marked with whether this user may restore its versions (version_history has no
+        request): an operator of its workspace, while it is not archived (the service refuses both)."""
+        automation = super().get_object(request, object_id, from_field)
+        if automation is not None:
+            automation.may_restore = automation.archived_at is None and may_act(
+                request.user, automation.workspace_id, Permission.OPERATE
+            )
+        return automation
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         automation = self.get_object(request, object_id)

@@ -178,3 +178,25 @@ def test_versions_show_a_diff_and_restore_goes_through_the_service(workspace, op
     )
     again = admin.post(reverse("admin:automations_automation_restore", args=[automation.pk, 3]), follow=True)
     assert "already the current definition" in again.content.decode()
+
+
+def test_only_those_who_may_restore_see_the_restore_button(workspace, operator, viewer):
+    automation = _automation(workspace, operator)
+    services.automation_update(
+        automation=automation, user=operator,
+        definition=definition(transform("greet", {"hello": "changed"}), name="greeter", inputs=INPUTS),
+    )  # fmt: skip
+    page = reverse("admin:automations_automation_change", args=[automation.pk])
+    restore = reverse("admin:automations_automation_restore", args=[automation.pk, 1])
+    operator_client, viewer_client = staff(operator), staff(viewer)
+
+    seen = viewer_client.get(page).content.decode()
+    assert "diff from version 1" in seen  # the history stays readable
+    assert restore not in seen
+    assert "Restore this version" not in seen
+    assert restore in operator_client.get(page).content.decode()
+
+    services.automation_archive(automation=automation, user=operator)  # an archived one cannot be restored
+    archived = operator_client.get(page).content.decode()
+    assert "diff from version 1" in archived
+    assert restore not in archived
