@@ -4,8 +4,9 @@ gunicorn's ``asgi`` worker reads and parses every request on its event loop,
 so a client that sends its headers slowly, or stalls (slowloris), holds a
 socket and nothing else. Only a complete request reaches Django, which runs
 in a fixed pool of ``AUTOPLANE_WEB_THREADS`` threads per process (a2wsgi's
-WSGI-in-ASGI adapter): a bounded number of threads, each keeping its own
-persistent database connection, exactly as a threaded WSGI server would.
+WSGI-in-ASGI adapter, see :mod:`ops.wsgi_adapter`): a bounded number of threads,
+each keeping its own persistent database connection, exactly as a threaded WSGI
+server would.
 (Django's own ASGI handler would give every request a new thread, and so a
 new database connection, which a PostgreSQL server runs out of under load.)
 
@@ -24,19 +25,19 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-from a2wsgi import WSGIMiddleware  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.urls import get_resolver  # noqa: E402
 
 from config.celery import app as celery_app  # noqa: E402
 from ops.wsgi import application as wsgi_application  # noqa: E402
+from ops.wsgi_adapter import WholeResponseWSGIMiddleware  # noqa: E402
 
 # kombu imports the broker's transport (SQLAlchemy on the embedded lane) on the first
 # connection; import it now, so that gunicorn's workers forked after --preload share it.
 celery_app.connection_for_write().get_transport_cls()
 
 # django-stubs type a WSGI handler's result as HttpResponseBase; at run time it is the iterable of bytes.
-application = WSGIMiddleware(wsgi_application, workers=settings.AUTOPLANE_WEB_THREADS)  # type: ignore[arg-type]
+application = WholeResponseWSGIMiddleware(wsgi_application, workers=settings.AUTOPLANE_WEB_THREADS)  # type: ignore[arg-type]
 
 get_resolver().url_patterns  # noqa: B018 - imports every app's views now, not on the first request
 gc.collect()
