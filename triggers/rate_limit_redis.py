@@ -34,3 +34,10 @@ def window_hits(url: str, key: str) -> int | None:
     except redis.RedisError as exc:
         logger.warning("webhook rate limit: Redis failed (%r); counting in the database", exc)
         return None
+    except Exception as exc:
+        # redis-py can fail outside its own exception types (seen: a handshake timing out under
+        # load ends in ``ValueError: I/O operation on closed file``). The fire must not become a
+        # 500 over a counter: count in the database, and start from a fresh client next time.
+        logger.warning("webhook rate limit: Redis client failed (%r); counting in the database", exc)
+        _client.cache_clear()
+        return None

@@ -483,6 +483,37 @@ def test_a_rate_limit_redis_that_does_not_answer_falls_back_to_the_database(db, 
     assert "counting in the database" in caplog.text
 
 
+def test_a_rate_limit_redis_client_failing_outside_its_own_errors_falls_back_to_the_database(
+    db, hook, settings, monkeypatch, caplog
+):
+    # redis-py has been seen to end a handshake timeout in ValueError ("I/O operation on closed
+    # file"), not a RedisError: the fire must still be counted, in the database, not answered 500.
+    pytest.importorskip("redis")
+    from triggers import rate_limit_redis
+
+    class BrokenClient:
+        cleared = 0
+
+        def __call__(self, url):
+            raise ValueError("I/O operation on closed file.")
+
+        def cache_clear(self):
+            self.cleared += 1
+
+    broken = BrokenClient()
+    _, trigger, _ = hook()
+    settings.AUTOPLANE_RATE_LIMIT_REDIS_URL = "redis://127.0.0.1:6379/14"
+    monkeypatch.setattr(rate_limit_redis, "_client", broken)
+    now = 1_800_000_200.0
+
+    hits = [webhooks.rate_limit_hit(trigger, 1, now + i) for i in range(2)]
+
+    assert hits == [None, 39]
+    assert WebhookRateWindow.objects.get(trigger=trigger).hits == 2
+    assert broken.cleared == 2  # a fresh client next time
+    assert "Redis client failed" in caplog.text
+
+
 def test_fires_past_the_rate_limit_are_429_with_retry_after(db, hook, monkeypatch):
     automation, _, token = hook(rate_limit_per_minute=3)
     clock = datetime(2027, 1, 15, 10, 0, 15, tzinfo=UTC)
