@@ -19,9 +19,10 @@ from functools import cached_property
 from typing import Any, cast
 
 from django.contrib import messages
+from django.core.exceptions import FieldDoesNotExist
 from django.core.paginator import EmptyPage, Paginator
 from django.db import connections
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 EXACT_UP_TO = 1000
 MAX_PAGES = 20
@@ -43,6 +44,42 @@ def planner_estimate(queryset) -> int | None:
 def _rounded(estimate: int) -> int:
     """Two significant digits, so nobody reads an estimate as exact."""
     return int(float(f"{estimate:.2g}"))
+
+
+def keyset_order(queryset) -> tuple[str, ...] | None:
+    """The queryset's ordering as a keyset (``("-created_at", "-id")``), or None where it is not
+    one: each key a column of the model itself that cannot be NULL, ending in a unique one."""
+    if queryset.query.extra_order_by or not queryset.query.order_by:
+        return None
+    keys = []
+    for key in queryset.query.order_by:
+        if not isinstance(key, str) or key == "?":
+            return None
+        name = key.lstrip("-")
+        if "__" in name or key.count("-") > 1:
+            return None
+        try:
+            field = queryset.model._meta.pk if name == "pk" else queryset.model._meta.get_field(name)
+        except FieldDoesNotExist:
+            return None
+        if not getattr(field, "concrete", False) or field.null or field.is_relation:
+            return None
+        keys.append(key)
+        if field.primary_key or field.unique:
+            return tuple(keys)
+    return None  # no unique key: ties would make pages overlap
+
+
+def at_or_after(keys: tuple[str, ...], values) -> Q:
+    """Rows at or after ``values`` in the order ``keys``: ``a <= va AND (a < va OR (a = va AND
+    b <= vb))`` for two descending keys. The first conjunct is a range on the index's leading
+    column, so the scan starts at the key instead of filtering its way there."""
+    ops = [(key.lstrip("-"), "lt" if key.startswith("-") else "gt") for key in keys]
+    condition = Q(**{f"{ops[-1][0]}__{ops[-1][1]}e": values[-1]})
+    for (name, op), value in zip(reversed(ops[:-1]), reversed(values[:-1]), strict=True):
+        condition = Q(**{f"{name}__{op}": value}) | (Q(**{name: value}) & condition)
+    name, op = ops[0]
+    return Q(**{f"{name}__{op}e": values[0]}) & condition if len(keys) > 1 else condition
 
 
 class EstimatedCountPaginator(Paginator):
@@ -69,17 +106,25 @@ class EstimatedCountPaginator(Paginator):
         return self.count > MAX_PAGES * self.per_page
 
     def page(self, number):
-        """Past the first page, the page's keys first (an index-only OFFSET), then its rows: an
-        OFFSET over whole rows would read, and join, every row above the page."""
+        """Past the first page, the key of the page's first row (an index-only OFFSET), then the
+        page's rows from that key on in index order, as page 1 reads them. Where the order is
+        not a keyset (a column that can be NULL, or through a relation), the page's keys, then
+        its rows by key. An OFFSET over whole rows would read, and join, every row above it."""
         number = self.validate_number(number)
         bottom = (number - 1) * self.per_page
         if bottom == 0 or not hasattr(self.object_list, "values_list"):
             return super().page(number)
         queryset = cast("QuerySet[Any]", self.object_list)
-        keys = list(queryset.values_list("pk", flat=True)[bottom : bottom + self.per_page])
-        rows = {row.pk: row for row in queryset.filter(pk__in=keys)}
-        # Paginator._get_page is Django's hook for the Page class; django-stubs leave it out.
-        return self._get_page([rows[key] for key in keys if key in rows], number, self)  # type: ignore[attr-defined]
+        keys = keyset_order(queryset)
+        if keys is not None:
+            names = [key.lstrip("-") for key in keys]
+            first = list(queryset.values_list(*names)[bottom : bottom + 1])
+            rows = list(queryset.filter(at_or_after(keys, first[0]))[: self.per_page]) if first else []
+            # Paginator._get_page is Django's hook for the Page class; django-stubs leave it out.
+            return self._get_page(rows, number, self)  # type: ignore[attr-defined]
+        pks = list(queryset.values_list("pk", flat=True)[bottom : bottom + self.per_page])
+        by_pk = {row.pk: row for row in queryset.filter(pk__in=pks)}
+        return self._get_page([by_pk[pk] for pk in pks if pk in by_pk], number, self)  # type: ignore[attr-defined]
 
     def validate_number(self, number):
         try:

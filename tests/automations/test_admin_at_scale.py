@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -206,3 +207,68 @@ def test_no_changelist_query_scans_a_history_table_at_a_few_thousand_rows(histor
                 cursor.execute("RESET enable_seqscan")
             scanned = [t for t in _BIG_TABLES if f"Seq Scan on {t}" in plan]
             assert not scanned, f"{who} {url} {query}\n{sql}\n{plan}"
+
+
+def _pages_read(sql: str) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}")
+        plan = cursor.fetchone()[0]
+    top = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+    return top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="pages read are PostgreSQL's")
+def test_the_deepest_page_reads_its_rows_as_page_one_does(history):
+    """Page 20 finds its first row's key (index-only, with OFFSET), then reads its rows from that key
+    on in index order, as page 1 does: not 50 lookups by primary key, each one B-tree descent more."""
+    workspace_id, automation = history["runs"][0].workspace_id, history["automation"]
+    runs = Run.objects.bulk_create(
+        Run(workspace_id=workspace_id, automation=automation, automation_version=1, snapshot={},
+            queue="automations_default", status=RunStatus.SUCCEEDED, trace_id=uuid.uuid4().hex)
+        for _ in range(3000)
+    )  # fmt: skip
+    StepRun.objects.bulk_create(
+        StepRun(run=run, index=0, step_id="a", action="transform_data", status="succeeded") for run in runs
+    )
+    with connection.cursor() as cursor:
+        for table in _BIG_TABLES:
+            cursor.execute(f"ANALYZE {table}")
+    client = Client()
+    client.force_login(history["superuser"])
+    for url, table in [(reverse("admin:automations_run_changelist"), "automations_run"),
+                       (reverse("admin:automations_steprun_changelist"), "automations_steprun")]:  # fmt: skip
+        read = {}
+        for page in ("1", "20"):
+            with CaptureQueriesContext(connection) as queries:
+                response = client.get(url, {"p": page})
+            assert response.status_code == 200
+            assert len(response.context["cl"].result_list) == 50
+            selects = [
+                q["sql"] for q in queries.captured_queries if q["sql"].startswith(f'SELECT "{table}"."id",')
+            ]
+            assert len(selects) == 1, selects  # the page's rows, in one query
+            read[page] = _pages_read(selects[0])
+            if page == "20":
+                assert " OFFSET 950" in "\n".join(q["sql"] for q in queries.captured_queries)
+                assert " = ANY(" not in selects[0].upper(), selects[0]
+                assert " IN (" not in selects[0].upper(), selects[0]
+        assert read["20"] <= read["1"] + 3, (url, read)
+
+
+def test_pages_past_the_first_split_ties_by_key_and_other_orders_still_page(history, monkeypatch):
+    from automations.admin import RunAdmin
+
+    monkeypatch.setattr(RunAdmin, "list_per_page", 5)
+    Run.objects.update(created_at=timezone.now())  # every run ties on created_at: the id decides
+    client = Client()
+    client.force_login(history["superuser"])
+    url = reverse("admin:automations_run_changelist")
+    newest = list(Run.objects.order_by("-created_at", "-id").values_list("pk", flat=True))
+    shown = [[run.pk for run in client.get(url, {"p": p}).context["cl"].result_list] for p in ("1", "2", "3")]
+    assert shown == [newest[:5], newest[5:10], newest[10:]]
+    # Sorted by the automation's name (through a relation: not a keyset), then by id.
+    pages = [client.get(url, {"p": p, "o": "2"}).context["cl"] for p in ("1", "2", "3")]
+    assert pages[0].queryset.query.order_by[0] == "automation__name"
+    by_name = [[run.pk for run in cl.result_list] for cl in pages]
+    assert by_name[1] == list(pages[1].queryset.values_list("pk", flat=True))[5:10]
+    assert sorted(pk for page in by_name for pk in page) == sorted(newest)
