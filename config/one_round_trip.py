@@ -29,14 +29,39 @@ def available(using: str = "default") -> bool:
     return connection.vendor == "postgresql" and not connection.in_atomic_block
 
 
+# The INSERT's text per (model, database alias): it never changes, only its values do.
+_insert_sql: dict[tuple[type[Model], str], str] = {}
+
+
 def insert(obj: Model, using: str = "default") -> Statement:
-    """The INSERT ``obj.save(force_insert=True)`` would send (the primary key set in Python, no RETURNING)."""
+    """The INSERT ``obj.save(force_insert=True)`` would send (the primary key set in Python, no RETURNING).
+
+    The statement's text is compiled once per model (compiling it was most of the
+    Python work of a fire's write); each call computes the values as the compiler
+    does: ``pre_save`` (``auto_now_add``), then ``get_db_prep_save``. A value that is
+    an expression, or a field with its own placeholder, gets the full compilation.
+    """
     meta = obj._meta
     if obj.pk is None or meta.auto_field is not None:
         raise ValueError(f"{meta.label}: only rows whose primary key is set before the insert")
-    query = InsertQuery(type(obj))
-    query.insert_values([f for f in meta.local_concrete_fields if not f.generated], [obj])
+    model = type(obj)
+    fields = [f for f in meta.local_concrete_fields if not f.generated]
+    sql = _insert_sql.get((model, using))
+    if sql is not None:
+        values = [field.pre_save(obj, True) for field in fields]
+        if not any(hasattr(value, "resolve_expression") for value in values):
+            connection = connections[using]
+            prepared = [
+                field.get_db_prep_save(value, connection=connection)
+                for field, value in zip(fields, values, strict=True)
+            ]
+            return sql, prepared
+    query = InsertQuery(model)
+    query.insert_values(fields, [obj])
     [(sql, params)] = query.get_compiler(using=using).as_sql()
+    plain = all(getattr(field, "get_placeholder", None) is None for field in fields)
+    if plain and len(params) == len(fields) and sql.endswith(f"VALUES ({', '.join(['%s'] * len(fields))})"):
+        _insert_sql[(model, using)] = sql
     return sql, list(params)
 
 

@@ -3,14 +3,19 @@ round trip (config.one_round_trip): the same rows as the transaction path, all o
 
 from __future__ import annotations
 
+import uuid
+from datetime import UTC, datetime
+
 import pytest
 from django.db import connection, transaction
 from django.db.models.signals import post_save, pre_save
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
 from automations.models import Run
+from config import one_round_trip
 from tests.factories import fire
 from triggers.models import Trigger
 
@@ -96,3 +101,22 @@ def test_nothing_listens_for_the_signals_the_one_round_trip_path_does_not_send()
     for model in (Run, Trigger, AuditEvent):
         assert not pre_save.has_listeners(model), model
         assert not post_save.has_listeners(model), model
+
+
+def test_the_insert_compiled_once_sends_what_the_compiler_writes_each_time(hook, no_enqueue, monkeypatch):
+    automation, trigger, token = hook()
+    run = Run.objects.get(pk=fire(APIClient(), automation.pk, {"n": 1}, token=token).json()["run_id"])
+    run.pk, run._state.adding = uuid.uuid4(), True  # the same row again, unsaved
+    monkeypatch.setattr(
+        timezone, "now", lambda: datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    )  # auto_now_add
+    monkeypatch.setattr(one_round_trip, "_insert_sql", {})
+
+    compiled = one_round_trip.insert(run)  # the first: compiled by the ORM, its text kept
+    assert (Run, "default") in one_round_trip._insert_sql
+    cached = one_round_trip.insert(run)
+
+    with connection.cursor() as cursor:
+        assert cursor.mogrify(*cached) == cursor.mogrify(*compiled)
+    one_round_trip.execute([cached])
+    assert Run.objects.get(pk=run.pk).created_at == datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
