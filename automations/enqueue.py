@@ -25,8 +25,11 @@ broker, is the record of what must run: an outbox whose rows are the runs.
 
 from __future__ import annotations
 
+import functools
 import logging
 from datetime import datetime, timedelta
+from importlib import import_module
+from types import ModuleType
 
 from django.conf import settings
 from django.db import transaction
@@ -39,6 +42,7 @@ from .models import Run, RunStatus
 logger = logging.getLogger(__name__)
 
 EXECUTE_TASK = "autoplane.execute_run"
+REDIS_PUBLISH_MODULE = "config.redis_publish"
 # Timers longer than this are left to the sweep instead of a broker countdown,
 # so a message never sits in the broker past its visibility timeout.
 MAX_COUNTDOWN = timedelta(minutes=15)
@@ -52,8 +56,24 @@ def publish_run(run_id: str, queue: str, *, countdown: float | None = None) -> N
     it a Redis result backend SUBSCRIBEs to the task's result channel on every publish
     (and UNSUBSCRIBEs later): two more round trips on the fire's path for a result
     nobody reads (the run row is the result).
+
+    On a Redis broker, outside a worker's task and with nothing hooked into Celery's
+    publish signals, the same message is pushed by :mod:`config.redis_publish` in one
+    ``LPUSH`` without kombu's publish path (~1,700 Python calls fewer per fire).
     """
+    direct = _redis_publish() if countdown is None else None
+    if direct is not None and direct.usable():
+        direct.publish(EXECUTE_TASK, [run_id], queue)
+        return
     app.send_task(EXECUTE_TASK, args=[run_id], queue=queue, countdown=countdown, ignore_result=True)
+
+
+@functools.cache
+def _redis_publish() -> ModuleType | None:
+    """:mod:`config.redis_publish` on a Redis broker (imported then only: the embedded lane never loads redis)."""
+    if not str(app.conf.broker_url or "").startswith("redis://"):
+        return None
+    return import_module(REDIS_PUBLISH_MODULE)
 
 
 def _publish_committed(run_id: str, queue: str, countdown: float | None) -> None:

@@ -46,6 +46,8 @@ def sent(monkeypatch) -> list[tuple[str, list]]:
             messages.append((name, list(args or [])))
 
     monkeypatch.setattr(app, "send_task", send_task)
+    # The execute message's direct Redis publish (config.redis_publish) goes by send_task here too.
+    monkeypatch.setattr("automations.enqueue._redis_publish", lambda: None)
     return messages
 
 

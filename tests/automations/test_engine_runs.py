@@ -302,7 +302,9 @@ def test_a_run_cancelled_while_queued_or_waiting_skips_the_steps_it_never_reache
     assert Run.objects.get(pk=waiting.pk).status == RunStatus.WAITING
     services.run_cancel(run=waiting)
     assert [(step, status) for step, status, _ in steps(waiting)] == [
-        ("first", "succeeded"), ("pause", "cancelled"), ("after", "skipped")
+        ("first", "succeeded"),
+        ("pause", "cancelled"),
+        ("after", "skipped"),
     ]
     assert drive(waiting.pk).status == RunStatus.CANCELLED
     assert StepRun.objects.filter(run=waiting).count() == 3  # a late message adds no row
@@ -377,6 +379,7 @@ def test_a_run_whose_publish_fails_after_commit_is_accepted_and_left_to_the_rela
         raise ConnectionRefusedError(111, "Connection refused")
 
     monkeypatch.setattr(celery_app, "send_task", broker_down)
+    monkeypatch.setattr(enqueue, "_redis_publish", lambda: None)  # by send_task (config.redis_publish: below)
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         response = api.post(f"/api/v1/automations/{automation.pk}/run", {}, format="json")
 

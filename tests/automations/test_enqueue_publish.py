@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import base64
+import json
+import socket
 import uuid
 
+import pytest
 from celery import signals
 
 from automations.enqueue import EXECUTE_TASK, publish_run
@@ -33,3 +37,112 @@ def test_an_execute_message_asks_for_no_result_and_the_sender_subscribes_to_none
         assert sent[0]["id"] not in {
             channel.decode() if isinstance(channel, bytes) else channel for channel in consumer.subscribed_to
         }
+
+
+# --- the direct Redis publish (config.redis_publish) ------------------------------------------------
+
+redis_lane = pytest.mark.skipif(
+    not str(app.conf.broker_url).startswith("redis://"), reason="the direct publish is the Redis broker's"
+)
+
+
+def _pop(queue: str) -> str:
+    from config import redis_publish
+
+    client = redis_publish._client(app.conf.broker_url)
+    try:
+        raw = client.rpop(queue)
+        assert client.llen(queue) == 0
+    finally:
+        client.delete(queue, f"_kombu.binding.{queue}")
+    assert raw is not None
+    return raw.decode()
+
+
+@redis_lane
+def test_the_direct_publish_pushes_the_bytes_send_task_pushes():
+    from config import redis_publish
+
+    queue, run_id, task_id = f"test-publish-{uuid.uuid4().hex[:8]}", str(uuid.uuid4()), str(uuid.uuid4())
+    app.send_task(EXECUTE_TASK, args=[run_id], queue=queue, ignore_result=True, task_id=task_id)
+    sent = _pop(queue)
+    delivery_tag = json.loads(sent)["properties"]["delivery_tag"]  # kombu's random uuid4
+
+    assert redis_publish.message(EXECUTE_TASK, [run_id], queue, task_id, delivery_tag) == sent
+
+
+@redis_lane
+def test_publish_run_pushes_one_execute_message_directly_and_sends_no_signal():
+    from config import redis_publish
+
+    queue, run_id = f"test-publish-{uuid.uuid4().hex[:8]}", str(uuid.uuid4())
+    assert redis_publish.usable()
+    calls: list[tuple] = []
+    original = redis_publish.publish
+
+    def counted(*args):
+        calls.append(args)
+        return original(*args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(redis_publish, "publish", counted)
+        patch.setattr(app, "send_task", lambda *args, **kwargs: pytest.fail("published by send_task"))
+        publish_run(run_id, queue)
+
+    message = json.loads(_pop(queue))
+    assert calls == [(EXECUTE_TASK, [run_id], queue)]
+    assert message["headers"]["task"] == EXECUTE_TASK
+    assert message["headers"]["ignore_result"] is True
+    assert json.loads(base64.b64decode(message["body"]))[0] == [run_id]
+    assert message["properties"]["delivery_info"] == {"exchange": "", "routing_key": queue}
+
+
+@redis_lane
+def test_with_a_publish_signal_receiver_or_a_countdown_the_message_goes_by_send_task(monkeypatch):
+    from config import redis_publish
+
+    monkeypatch.setattr(redis_publish, "publish", lambda *args: pytest.fail("published directly"))
+    sent: list = []
+    monkeypatch.setattr(app, "send_task", lambda name, **options: sent.append(options))
+
+    def receiver(**kwargs):  # e.g. OpenTelemetry's Celery instrumentation: its headers must ride along
+        pass
+
+    signals.before_task_publish.connect(receiver, weak=False)
+    try:
+        assert not redis_publish.usable()
+        publish_run(str(uuid.uuid4()), "automations_fast")
+    finally:
+        signals.before_task_publish.disconnect(receiver)
+    publish_run(str(uuid.uuid4()), "automations_fast", countdown=3.0)
+
+    assert [options.get("countdown") for options in sent] == [None, 3.0]
+
+
+@redis_lane
+@pytest.mark.django_db(transaction=True)
+def test_a_direct_publish_to_a_broker_that_is_down_leaves_the_run_accepted_for_the_relay(
+    workspace, api, monkeypatch, caplog
+):
+    import redis
+
+    from automations import services
+    from automations.models import Run, RunStatus
+    from config import redis_publish
+    from tests.factories import definition, transform
+
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    monkeypatch.setattr(
+        redis_publish, "_client", lambda url: redis.Redis(port=port, socket_connect_timeout=1)
+    )
+    automation = services.automation_create(
+        workspace=workspace, definition=definition(plan=[transform("a", "x")])
+    )
+
+    response = api.post(f"/api/v1/automations/{automation.pk}/run", {}, format="json")
+
+    assert response.status_code == 202, response.content
+    assert Run.objects.get(pk=response.json()["run_id"]).status == RunStatus.QUEUED
+    assert "committed but not published" in caplog.text
