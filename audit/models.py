@@ -8,9 +8,11 @@ UPDATE and every DELETE on ``audit_auditevent`` (triggers of migration 0005).
 
 from __future__ import annotations
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.db.models import F, Q
-from django.db.models.fields.json import KeyTextTransform
+from django.db.models.fields.json import KeyTextTransform, KeyTransform, KeyTransformFactory
+from django.utils.functional import cached_property
 
 
 class HexHashField(models.CharField):
@@ -40,6 +42,71 @@ class HexHashField(models.CharField):
         return bytes.fromhex(value)
 
 
+# audit.writer.canonical_json's serialisation (defined here too: the writer imports the models).
+_CANONICAL = DjangoJSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+class CanonicalJSONField(models.JSONField):
+    """JSON stored as the very text the writer hashed: ``json`` on PostgreSQL, which keeps its
+    text verbatim (``jsonb`` would re-serialise it), so that verification can hash the stored
+    text in SQL (audit/verify.py). Values are written in canonical JSON (sorted keys, no
+    whitespace, non-ASCII kept). SQLite is unchanged (JSON text either way).
+
+    ``json`` has no equality operator and none of ``jsonb``'s containment operators: compare
+    ``::text``, and filter on ``->>`` (``KeyTextTransform``), as audit.selectors does.
+    """
+
+    def db_type(self, connection):
+        return "json" if connection.vendor == "postgresql" else super().db_type(connection)
+
+    def get_transform(self, name):
+        transform = super().get_transform(name)
+        return _JsonbKeyFactory(name) if isinstance(transform, KeyTransformFactory) else transform
+
+    def from_db_value(self, value, expression, connection):
+        if value is not None and not isinstance(value, str):
+            return value  # psycopg parses ``json`` itself
+        return super().from_db_value(value, expression, connection)
+
+    def get_db_prep_value(self, value, connection, prepared=False):
+        if connection.vendor != "postgresql":
+            return super().get_db_prep_value(value, connection, prepared)
+        if not prepared:
+            value = self.get_prep_value(value)
+        if hasattr(value, "as_sql"):
+            return value
+        # psycopg's Json (not Jsonb, which Django's own adapt_json_value gives): sent as ``json``, verbatim.
+        return connection.Database.types.json.Json(value, dumps=_CANONICAL.encode)
+
+
+class _JsonbKey(KeyTransform):
+    """``refs__step="a"``-style lookups on a ``json`` column: read as ``jsonb`` (``json`` has no ``=``).
+
+    A parse per row, so for small sets; the lists filter on ``->>`` through an index
+    (audit.selectors)."""
+
+    @cached_property
+    def output_field(self):
+        return _JsonbValue()
+
+    def preprocess_lhs(self, compiler, connection):
+        lhs, params, keys = super().preprocess_lhs(compiler, connection)
+        return (f"({lhs})::jsonb" if connection.vendor == "postgresql" else lhs), params, keys
+
+
+class _JsonbValue(models.JSONField):
+    """What a key of a CanonicalJSONField is in a lookup: ``jsonb`` (its values compared as ``jsonb``)."""
+
+    def get_transform(self, name):
+        transform = super().get_transform(name)
+        return _JsonbKeyFactory(name) if isinstance(transform, KeyTransformFactory) else transform
+
+
+class _JsonbKeyFactory(KeyTransformFactory):
+    def __call__(self, *args, **kwargs):
+        return _JsonbKey(self.key_name, *args, **kwargs)
+
+
 class Outcome(models.TextChoices):
     SUCCESS = "success"
     FAILURE = "failure"
@@ -60,9 +127,10 @@ class AuditEvent(models.Model):
     # No foreign keys: audit depends on no other app, and a ledger row must
     # outlive whatever it describes.
     workspace_id = models.BigIntegerField(null=True, blank=True)
-    refs = models.JSONField(default=dict, blank=True)
+    # Stored as the canonical text the hashes were taken over (CanonicalJSONField).
+    refs = CanonicalJSONField(default=dict, blank=True)
     actor = models.CharField(max_length=200, default="system")
-    payload = models.JSONField(default=dict, blank=True)
+    payload = CanonicalJSONField(default=dict, blank=True)
     prev_hash = HexHashField(null=True, blank=True)
     # Not unique: (chain, seq) is, and the hash covers both; a unique index on random
     # digests cost ~1 KB per run and no query looks an event up by its hash alone.

@@ -178,21 +178,35 @@ def verify_chain(chain: str, *, since_checkpoint: bool = False) -> VerifyResult:
     sealed_from = checkpoints[-1].seq + 1 if checkpoints else 0
     link = None if prev_hash is None else _hex_bytes(prev_hash)
     head_seen = head is None or head[0] == 0
+    last_id = None
     hashes = _ChainHasher(chain)
-    with closing(_sequenced_rows(chain, expected_seq)) as rows:
-        for event_id, seq, stored, prev, sealed, content in rows:
-            if seq != expected_seq:
+    first_seq, last_seq = None, expected_seq - 1
+    if connection.vendor == "postgresql":
+        watch = sorted({cp.seq for cp in checkpoints[pending:]} | ({head[0]} if head is not None else set()))
+        walk = _sql_walk(chain, expected_seq, sealed_from, watch)
+    else:
+        walk = _python_walk(chain, expected_seq)
+    with closing(walk) as rows:
+        for event_id, seq, stored, prev, sealed, content, hash_ok, entry_ok, before in rows:
+            # ``before``: (seq, hash) of the row preceding this one in the walk, None for the first.
+            want_seq, want_link = (expected_seq, link) if before is None else (before[0] + 1, before[1])
+            if seq != want_seq:
                 return broken(
-                    f"seq gap: expected seq {expected_seq}, found {seq} (events missing before it)",
+                    f"seq gap: expected seq {want_seq}, found {seq} (events missing before it)",
                     event_id=event_id,
                     seq=seq,
                 )
-            if hashes.event(seq, prev, content) != stored and not _slow_check(event_id, "hash"):
+            if (
+                not hash_ok
+                and hashes.event(seq, prev, content) != stored
+                and not _slow_check(event_id, "hash")
+            ):
                 return broken(
                     "content does not match its hash (the row was altered)", event_id=event_id, seq=seq
                 )
             if (
-                sealed
+                not entry_ok
+                and sealed
                 and seq >= sealed_from
                 and hashes.entry(content) != sealed
                 and not _slow_check(event_id, "entry_hash")
@@ -200,7 +214,7 @@ def verify_chain(chain: str, *, since_checkpoint: bool = False) -> VerifyResult:
                 return broken(
                     "content does not match its entry hash (the row was altered)", event_id=event_id, seq=seq
                 )
-            if link is not None and prev != link:
+            if want_link is not None and prev != want_link:
                 return broken(
                     "prev_hash does not match the previous event's hash", event_id=event_id, seq=seq
                 )
@@ -221,10 +235,12 @@ def verify_chain(chain: str, *, since_checkpoint: bool = False) -> VerifyResult:
                         "chain head row names a different hash for this seq", event_id=event_id, seq=seq
                     )
                 head_seen = True
-            result.events += 1
-            expected_seq, link, last_id = seq + 1, stored, event_id
+            if first_seq is None:
+                first_seq = seq
+            last_seq, last_id = seq, event_id
+    # Every row between the first and the last was seen (a gap would have broken the walk).
+    result.events += 0 if first_seq is None else last_seq - first_seq + 1
 
-    last_seq = expected_seq - 1
     if pending < len(checkpoints):
         cp = checkpoints[-1]
         return broken(
@@ -260,18 +276,94 @@ _ROWS_SQL = (
 _PG_TIMESTAMP = """to_char(timestamp AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')"""
 
 
-def _sequenced_rows(chain: str, start: int) -> Iterator[tuple]:
-    """The chain's sequenced rows from ``start`` in seq order, as raw tuples from a server-side cursor.
-
-    No model instances: a row is ``(id, seq, hash, prev_hash, entry_hash, content)`` with the
-    hashes as bytes and ``content`` the row's hashed fields, raw (see :class:`_ChainHasher`).
-    """
+def _python_walk(chain: str, start: int) -> Iterator[tuple]:
+    """Every sequenced row of the chain from ``start``, in seq order, for the Python checks
+    (SQLite): ``(id, seq, hash, prev_hash, entry_hash, content, False, False, before)``, the two
+    False meaning "not checked yet" and ``before`` the previous row's ``(seq, hash)``."""
+    before = None
     with transaction.atomic(using=connection.alias), connection.chunked_cursor() as cursor:
-        timestamp = _PG_TIMESTAMP if connection.vendor == "postgresql" else "timestamp"
-        cursor.execute(_ROWS_SQL.format(timestamp=timestamp), [chain, start])
+        cursor.execute(_ROWS_SQL.format(timestamp="timestamp"), [chain, start])
         while rows := cursor.fetchmany(_CHUNK):
             for event_id, seq, stored, prev, sealed, *content in rows:
-                yield event_id, seq, stored, prev, sealed, content
+                yield event_id, seq, stored, prev, sealed, content, False, False, before
+                before = (seq, stored)
+
+
+def _composed(chain: str, *, chained: bool) -> tuple[str, list[str]]:
+    """SQL composing a row's canonical JSON exactly as :func:`audit.writer.canonical_json` writes
+    :func:`audit.writer.event_hash`'s material (``chained``) or :func:`audit.writer.entry_hash`'s,
+    keys in sorted order. Strings go through ``to_json`` (PostgreSQL escapes ``"``, ``\\``,
+    ``\\b\\f\\n\\r\\t`` and other controls as ``\\u00xx``, as Python's json does with
+    ensure_ascii off); ``refs``/``payload`` are their stored ``json`` text, verbatim."""
+    parts = [
+        """'{"actor":' || to_json(actor)::text""",
+        """',"chain":' || %s""",
+        """',"outcome":' || to_json(outcome)::text""",
+        """',"payload":' || payload::text""",
+    ]
+    if chained:
+        parts.append("""',"prev_hash":"' || encode(prev_hash, 'hex') || '"'""")
+    parts.append("""',"refs":' || refs::text""")
+    if chained:
+        parts.append("""',"seq":' || seq""")
+    parts += [
+        """',"stage":' || to_json(stage)::text""",
+        """',"summary":' || to_json(summary)::text""",
+        f"""',"timestamp":"' || {_PG_TIMESTAMP} || '"'""",
+        """',"trace_id":' || to_json(trace_id)::text""",
+        """',"type":' || to_json(type)::text""",
+        """',"workspace_id":' || coalesce(workspace_id::text, 'null') || '}'""",
+    ]
+    return f"sha256(convert_to({' || '.join(parts)}, 'UTF8'))", [_encode_string(chain)]
+
+
+def _sql_walk(chain: str, start: int, sealed_from: int, watch: list[int]) -> Iterator[tuple]:
+    """The chain's sequenced rows from ``start`` checked by PostgreSQL (PostgreSQL only).
+
+    One pass over the (chain, seq) index: each row's canonical JSON is composed in SQL and
+    hashed with the built-in ``sha256()`` (its entry hash too, from ``sealed_from``), and
+    window functions give each row its predecessor's seq and hash. Only the rows that need
+    a look come back, as :func:`_python_walk` yields them: the first and the last, any whose
+    digest differs (the Python checks then decide: a row whose stored JSON text is not the
+    canonical one but whose value is intact passes there), any not following its
+    predecessor (a gap or a broken link), and the rows at ``watch`` (checkpoints, the head).
+    """
+    event, event_params = _composed(chain, chained=True)
+    entry, entry_params = _composed(chain, chained=False)
+    sql = f"""
+        SELECT id, seq, hash, prev_hash, entry_hash, {_PG_TIMESTAMP}, trace_id, stage, type, summary, outcome,
+               workspace_id, refs::text, actor, payload::text, hash_ok, entry_ok, before_seq, before_hash
+        FROM (
+            SELECT e.*, coalesce({event} = hash, false) AS hash_ok,
+                   CASE WHEN seq >= %s AND length(entry_hash) > 0
+                        THEN coalesce({entry} = entry_hash, false) ELSE true END AS entry_ok,
+                   lag(seq) OVER w AS before_seq, lag(hash) OVER w AS before_hash,
+                   lead(seq) OVER w IS NULL AS last
+            FROM audit_auditevent e WHERE chain = %s AND seq >= %s
+            WINDOW w AS (ORDER BY seq)
+        ) v
+        WHERE NOT hash_ok OR NOT entry_ok OR before_seq IS NULL OR last OR seq <> before_seq + 1
+              OR prev_hash IS DISTINCT FROM before_hash OR seq = ANY(%s)
+        ORDER BY seq
+    """  # noqa: S608 (no value is formatted into it)
+    params = [*event_params, sealed_from, *entry_params, chain, start, watch]
+    with transaction.atomic(using=connection.alias), connection.chunked_cursor() as cursor:
+        cursor.execute(sql, params)
+        while rows := cursor.fetchmany(_CHUNK):
+            for (
+                event_id,
+                seq,
+                stored,
+                prev,
+                sealed,
+                *content,
+                hash_ok,
+                entry_ok,
+                before_seq,
+                before_hash,
+            ) in rows:
+                before = None if before_seq is None else (before_seq, before_hash)
+                yield event_id, seq, stored, prev, sealed, content, hash_ok, entry_ok, before
 
 
 class _ChainHasher:

@@ -134,7 +134,7 @@ def entry_hash(fields: dict[str, Any]) -> str:
 
 _COLUMNS = ("chain", "timestamp", "trace_id", "stage", "type", "summary", "outcome",
             "workspace_id", "refs", "actor", "payload", "entry_hash")  # fmt: skip
-_PG_ROW = "(%s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s::jsonb, %s)"
+_PG_ROW = "(%s, %s, %s, %s, %s, %s, %s, %s, %s::json, %s, %s::json, %s)"
 _SQLITE_ROW = "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 
 

@@ -15,6 +15,7 @@ from audit.models import AuditChainHead, AuditCheckpoint, AuditEvent
 _guard = importlib.import_module("audit.migrations.0005_sequencer")
 _anchor_guard = importlib.import_module("audit.migrations.0008_truncation_anchor_guard")
 _checkpoint_guard = importlib.import_module("audit.migrations.0006_checkpoint_delete_guard")
+_json_guard = importlib.import_module("audit.migrations.0010_json_text")
 
 
 @pytest.fixture(autouse=True)
@@ -64,6 +65,7 @@ def _install_guard() -> None:
         if connection.vendor == "postgresql":
             cursor.execute(_guard.PG_REMOVE)
             cursor.execute(_anchor_guard.PG_INSTALL)
+            cursor.execute(_json_guard.PG_GUARD)  # its function as it is now (json compared as text)
             cursor.execute(_checkpoint_guard.PG_INSTALL)
         else:
             statements = _guard.SQLITE_REMOVE + _guard.SQLITE_INSTALL + _anchor_guard.SQLITE_INSTALL
@@ -72,11 +74,15 @@ def _install_guard() -> None:
 
 
 def _set_payload(event_id: int, payload: dict) -> None:
-    cast = "::jsonb" if connection.vendor == "postgresql" else ""
+    _set_json_text(event_id, "payload", json.dumps(payload))
+
+
+def _set_json_text(event_id: int, column: str, text: str) -> None:
+    """Store ``text`` as the row's ``refs`` or ``payload``, verbatim (PostgreSQL keeps ``json`` text as given)."""
+    assert column in ("refs", "payload")
+    cast = "::json" if connection.vendor == "postgresql" else ""
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE audit_auditevent SET payload = %s{cast} WHERE id = %s", [json.dumps(payload), event_id]
-        )
+        cursor.execute(f"UPDATE audit_auditevent SET {column} = %s{cast} WHERE id = %s", [text, event_id])
         assert cursor.rowcount == 1
 
 
@@ -104,6 +110,7 @@ def tamper(db):
     _drop_guard()
     return SimpleNamespace(
         set_payload=_set_payload,
+        set_json_text=_set_json_text,
         delete_events=_delete_events,
         rewind_head=_rewind_head,
         restore=_install_guard,

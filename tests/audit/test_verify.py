@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import base64
+import importlib
+import json
 import stat
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connection
+from django.db import connection, transaction
 
 from audit import offline_verify, signing, writer
 from audit import verify as verify_module
@@ -323,6 +325,10 @@ def test_the_fast_walk_hashes_awkward_values_exactly_like_the_writer(monkeypatch
         raise AssertionError(f"event {event_id}: the fast {column} differs from the writer's")
 
     monkeypatch.setattr(verify_module, "_slow_check", slow_path)
+    if connection.vendor == "postgresql":
+        # PostgreSQL hashes every row itself: none may need the Python hasher either.
+        monkeypatch.setattr(verify_module._ChainHasher, "event", slow_path)
+        monkeypatch.setattr(verify_module._ChainHasher, "entry", slow_path)
     checkpoint_write("ws-1")
     writer.append(trace_id="t", type="x.y", summary="sealed tail", workspace_id=1, payload=awkward)
     result = verify_all()
@@ -395,3 +401,118 @@ def test_since_checkpoint_checks_the_signature_it_stands_on_and_leaves_older_one
     result = verify_chain("ws-1", since_checkpoint=True)
     assert result.broken.checkpoint_id == forged_newest.id
     assert "invalid signature" in result.broken.reason
+
+
+# --- refs and payload as the hashed JSON text ---------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_refs_and_payload_are_stored_as_the_canonical_text_that_was_hashed():
+    event = writer.append(trace_id="t", type="x.y", summary="s", workspace_id=1,
+                          refs={"run": "r1", "b": [1, 2]}, payload={"z": {"é": 1.5, "a": None}})  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT refs, payload FROM audit_auditevent WHERE id = %s", [event.id])
+        refs, payload = cursor.fetchone()
+    if connection.vendor == "postgresql":  # psycopg parses json; the text itself, through ::text
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT refs::text, payload::text FROM audit_auditevent WHERE id = %s", [event.id])
+            refs, payload = cursor.fetchone()
+    assert (refs, payload) == ('{"b":[1,2],"run":"r1"}', '{"z":{"a":null,"é":1.5}}')
+    assert AuditEvent.objects.get(pk=event.id).payload == {"z": {"é": 1.5, "a": None}}
+
+
+@pytest.mark.django_db
+def test_a_row_whose_json_text_is_not_canonical_but_whose_value_is_intact_is_judged_by_value(
+    tamper, monkeypatch
+):
+    """A legacy row (jsonb's text after migration 0010), or one re-spaced by someone who dropped the
+    guard: PostgreSQL's hash of the stored text differs, the Python path judges the value: intact."""
+    events = _events(3)
+    writer.append(trace_id="t", type="x.y", summary="s", workspace_id=1, refs={"run": "r1", "step": "a"})
+    tamper.set_json_text(events[1].id, "payload", '{ "i" : 1 }')  # same value, other text
+    tamper.set_json_text(events[2].id, "payload", '{"i": 2}')
+    judged = []
+    hasher_event = verify_module._ChainHasher.event
+
+    def spy(self, seq, prev, content):
+        judged.append(seq)
+        return hasher_event(self, seq, prev, content)
+
+    monkeypatch.setattr(verify_module._ChainHasher, "event", spy)
+    result = verify_chain("ws-1")
+    assert result.ok, result.summary()
+    assert result.events == 4
+    if connection.vendor == "postgresql":
+        assert judged == [2, 3]  # only the two rows whose text PostgreSQL could not match
+    # A different value is reported, whatever its spacing.
+    tamper.set_json_text(events[1].id, "payload", '{ "i" : 7 }')
+    assert (verify_chain("ws-1").broken.event_id, verify_chain("ws-1").broken.seq) == (events[1].id, 2)
+
+
+@pytest.mark.django_db
+def test_an_edited_refs_text_is_reported(tamper):
+    events = _events(2)
+    tamper.set_json_text(events[0].id, "refs", '{"run":"another"}')
+    result = verify_chain("ws-1")
+    assert (result.broken.event_id, result.broken.seq) == (events[0].id, 1)
+    assert "content does not match its hash" in result.broken.reason
+
+
+@pytest.mark.django_db
+def test_swapped_contents_of_two_rows_are_reported():
+    events = _events(3)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "DROP TRIGGER IF EXISTS audit_append_only_row ON audit_auditevent"
+            if connection.vendor == "postgresql"
+            else "DROP TRIGGER IF EXISTS audit_no_update"
+        )
+        cursor.execute(
+            "UPDATE audit_auditevent SET seq = seq + 1000 WHERE id IN (%s, %s)", [events[0].id, events[1].id]
+        )
+        cursor.execute("UPDATE audit_auditevent SET seq = 2 WHERE id = %s", [events[0].id])
+        cursor.execute("UPDATE audit_auditevent SET seq = 1 WHERE id = %s", [events[1].id])
+    result = verify_chain("ws-1")
+    assert (result.broken.event_id, result.broken.seq) == (events[1].id, 1)
+
+
+@pytest.mark.django_db
+def test_the_guard_refuses_a_whitespace_only_edit_of_json_text():
+    (event,) = _events(1)
+    cast = "::json" if connection.vendor == "postgresql" else ""
+    for column, text in (("payload", '{"i": 0}'), ("refs", "{ }")):
+        with (
+            pytest.raises(Exception, match="append-only"),
+            transaction.atomic(),
+            connection.cursor() as cursor,
+        ):
+            cursor.execute(f"UPDATE audit_auditevent SET {column} = %s{cast} WHERE id = %s", [text, event.id])
+    assert verify_chain("ws-1").ok
+
+
+@pytest.mark.django_db
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="migration 0010 converts jsonb on PostgreSQL only"
+)
+def test_migration_0010_writes_existing_jsonb_as_the_writers_canonical_text():
+    migration = importlib.import_module("audit.migrations.0010_json_text")
+    values = [
+        {}, [], {"run": "r1", "automation": "5", "step": "fetch"},
+        {"zz": 1, "Z": 2, "é": 3, "e": 4, "": [], "aa": {"b": [True, None, {"y": 2, "x": "q\"\\\n\u2028🙂\x01"}]}},
+        {"n": [0, -1, 10**20, 1.5, 3.25]},
+    ]  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute(migration._CANONICAL_FN)
+        for value in values:
+            cursor.execute("SELECT pg_temp.audit_canonical_json(%s::jsonb)", [json.dumps(value)])
+            assert cursor.fetchone()[0] == writer.canonical_json(value)
+
+
+@pytest.mark.django_db
+def test_key_lookups_on_refs_and_payload_still_work():
+    event = writer.append(trace_id="t", type="x.y", summary="s", workspace_id=1,
+                          refs={"run": "r1", "step": "a"}, payload={"x": {"y": 1}})  # fmt: skip
+    assert list(AuditEvent.objects.filter(refs__step="a", payload__x__y=1).values_list("id", flat=True)) == [
+        event.id
+    ]
+    assert not AuditEvent.objects.filter(refs__step="b").exists()
