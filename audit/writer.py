@@ -205,6 +205,20 @@ def batch() -> Iterator[None]:
         _insert(connections[router.db_for_write(AuditEvent)], entries, events=False)
 
 
+def batch_statement() -> tuple[str, list[Any]] | None:
+    """The INSERT of the appends collected so far in :func:`batch`, taken out of it (None: none yet).
+
+    For a caller that sends it with its other writes in one round trip
+    (:func:`config.one_round_trip.send`); what is appended later still goes in the
+    batch's own INSERT.
+    """
+    entries = _batch.entries
+    if not entries:
+        return None
+    _batch.entries = []
+    return _insert_sql(connections[router.db_for_write(AuditEvent)], entries, returning=False)
+
+
 def append(
     *,
     trace_id: str,

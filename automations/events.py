@@ -31,9 +31,11 @@ from typing import Any
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from audit import writer
+from config import one_round_trip
 from config.celery import app
 from config.errors import InvalidArgument, ServiceError
 
@@ -84,16 +86,34 @@ Subscriber = Callable[[Event], object]  # what it returns is ignored
 # Whether a subscriber cares about (workspace_id, event_type) at all; lets
 # publish() skip queueing a delivery nobody would act on.
 Interest = Callable[[int, str], bool]
-_subscribers: list[tuple[Subscriber, Interest | None]] = []
+_subscribers: list[tuple[Subscriber, Interest | None, str | None]] = []
 
 
-def subscribe(handler: Subscriber, interested: Interest | None = None) -> None:
-    if all(existing is not handler for existing, _ in _subscribers):
-        _subscribers.append((handler, interested))
+def subscribe(
+    handler: Subscriber, interested: Interest | None = None, interested_sql: str | None = None
+) -> None:
+    """``interested_sql``: the same test as ``interested``, as an SQL boolean over two parameters
+    (workspace id, event type), so that :func:`publish_statement` decides it in the event's INSERT."""
+    if all(existing is not handler for existing, _, _ in _subscribers):
+        _subscribers.append((handler, interested, interested_sql))
 
 
 def _wanted(workspace_id: int, event_type: str) -> bool:
-    return any(interested is None or interested(workspace_id, event_type) for _, interested in _subscribers)
+    return any(
+        interested is None or interested(workspace_id, event_type) for _, interested, _ in _subscribers
+    )
+
+
+def _wanted_sql(workspace_id: int, event_type: str) -> tuple[str, list[Any]]:
+    """:func:`_wanted` as an SQL boolean (asked in Python if a subscriber has no SQL for it)."""
+    parts: list[str] = []
+    for _, interested, sql in _subscribers:
+        if interested is None:
+            return "TRUE", []
+        if sql is None:
+            return ("TRUE" if _wanted(workspace_id, event_type) else "FALSE"), []
+        parts.append(f"({sql})")
+    return " OR ".join(parts) or "FALSE", [workspace_id, event_type] * len(parts)
 
 
 def publish(
@@ -177,6 +197,51 @@ def publish_event(
     return Published(event_id, created=True)
 
 
+def publish_statement(
+    *,
+    workspace_id: int,
+    event_type: str,
+    payload: Mapping[str, Any],
+    source: str,
+    trace_id: str | None = None,
+    chain_depth: int = 0,
+    parent_run_id: str | None = None,
+    actor: str = "system",
+    principal_ids: Iterable[int] = (),
+) -> tuple[one_round_trip.Statement, Callable[[one_round_trip.Result], None]]:
+    """:func:`publish` as a statement, for a caller that sends it with its other writes in one
+    round trip inside its transaction (:func:`config.one_round_trip.send`, PostgreSQL).
+
+    The subscriber check is part of the INSERT (``delivered_at`` is set at once when
+    nobody subscribes), not a query of its own. Returns the statement and what to do
+    with its result once sent: queue the delivery after commit if someone subscribes.
+    The audit entry is appended as :func:`publish` appends it.
+    """
+    now = timezone.now()
+    wanted, wanted_params = _wanted_sql(workspace_id, event_type)
+    event = DomainEvent(
+        workspace_id=workspace_id, event_type=event_type, source=source, payload=dict(payload),
+        trace_id=trace_id or uuid.uuid4().hex, chain_depth=chain_depth, parent_run_id=parent_run_id,
+        principal_ids=sorted(set(principal_ids)), expires_at=now + EVENT_TTL, sent_at=now,
+        # The subscribers' own SQL (events.subscribe); the values are parameters.
+        delivered_at=RawSQL(f"CASE WHEN {wanted} THEN NULL ELSE %s END", [*wanted_params, now]),  # noqa: S611
+    )  # fmt: skip
+    sql, params = one_round_trip.insert(event)
+    writer.append(
+        trace_id=event.trace_id, type="event.published", summary=f"event {event_type} published",
+        workspace_id=workspace_id, actor=actor, refs={"event": str(event.id)},
+        payload={"event_type": event_type, "source": source, "chain_depth": chain_depth},
+    )  # fmt: skip
+    event_id = str(event.id)
+
+    def sent(result: one_round_trip.Result) -> None:
+        _, rows = result
+        if rows and rows[0][0]:  # delivered_at IS NULL: someone subscribes
+            transaction.on_commit(lambda: send_delivery(event_id))
+
+    return (sql + " RETURNING delivered_at IS NULL", params), sent
+
+
 def send_delivery(event_id: str) -> bool:
     """Queue one delivery; a broker that is down is logged, not raised: the relay sends it later."""
     try:
@@ -212,7 +277,7 @@ def deliver(event_id: str) -> int:
         return 0  # unknown, expired or already delivered (a redelivery)
     event = _as_event(row)
     failed = False
-    for handler, _ in list(_subscribers):
+    for handler, _, _ in list(_subscribers):
         try:
             handler(event)
         except Exception:

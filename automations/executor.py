@@ -81,9 +81,12 @@ class Executor(RunRecorder):
         the claim back too, and the run is claimed afresh, as if it never started.
         The claim's UPDATE holds the run's row until then, so no cancel can arrive
         meanwhile and the run's own writes are merged into one statement
-        (``row_locked``). False: the run left this worker.
+        (``row_locked``); on PostgreSQL the run's final UPDATE, its new step rows, its
+        event and its audit entries then go in one round trip (``keep_writes``), each
+        fence checked on its row count. False: the run left this worker.
         """
         self.row_locked = True
+        self.keep_writes()  # the run's end, its new step rows, event and audit: one round trip
         try:
             going_on = recovery.recover(self)
             if going_on:
@@ -97,6 +100,7 @@ class Executor(RunRecorder):
             return False
         finally:
             self.row_locked = False
+            self._kept = None
 
     def execute(self) -> None:
         """Drive the run on from where :meth:`begin` left it (its transaction committed)."""

@@ -27,7 +27,7 @@ from audit import writer
 from audit.models import Outcome
 from audit.redaction import redact
 from capabilities.base import CostMeter, Envelope, ErrorCode, StepFailure
-from config import instruments
+from config import instruments, one_round_trip
 
 from . import events, transient
 from .claim import LostClaim
@@ -61,6 +61,11 @@ class RunRecorder:
         self.row_locked = False
         self._pending: dict[str, Any] = {}
         self._unsaved_steps: list[StepRun] | None = None  # see steps_inserted_together
+        # Writes kept back to go in one round trip with the rest (see _send_kept); None: each goes at once.
+        self._kept: (
+            list[tuple[one_round_trip.Statement, Callable[[one_round_trip.Result], None] | None]] | None
+        )
+        self._kept = None
         self.execution = run.snapshot.get("execution") or {}
         # The definition's own autonomy, else the workspace's default as it is now: resolved
         # each time a worker takes the run, never frozen into the definition (docs/concepts.md).
@@ -79,6 +84,7 @@ class RunRecorder:
             for name, value in fields.items():
                 setattr(self.run, name, value)
             return
+        self._send_kept()  # what was kept back goes first: this UPDATE's fence reads what it wrote
         fields = {**self._pending, **fields}
         self._pending = {}
         updated = Run.objects.filter(pk=self.run.pk, claimed_by=self.me, status=self.run.status).update(
@@ -96,7 +102,9 @@ class RunRecorder:
 
     def _flush_run(self) -> None:
         """Write what :meth:`_update_run` kept back (before the row's lock goes)."""
-        if self._pending:
+        if self._kept is not None:
+            self._send_kept()
+        elif self._pending:
             pending, self._pending = self._pending, {}
             if not Run.objects.filter(pk=self.run.pk, claimed_by=self.me, status=self.run.status).update(
                 **pending
@@ -115,6 +123,7 @@ class RunRecorder:
         for name, value in fields.items():
             setattr(step_run, name, value)
         if step_run.pk is not None:
+            self._send_kept()
             StepRun.objects.filter(pk=step_run.pk).update(**fields)
         elif self._unsaved_steps is None:
             step_run.save(force_insert=True)
@@ -160,6 +169,70 @@ class RunRecorder:
         return transient.with_retries(
             record, f"run {self.run.pk}: recording an outcome", before_retry=restore
         )
+
+    # --- the run's final writes in one round trip --------------------------------
+
+    def keep_writes(self) -> None:
+        """From now on, the run's final writes wait to go in one round trip (:meth:`_send_kept`).
+
+        Only inside a transaction that holds the run's row (the claim's, ``Executor.begin``)
+        and on PostgreSQL; the caller ends it with :meth:`_flush_run` before the commit.
+        """
+        if connection.vendor == "postgresql":
+            self._kept = []
+
+    def _end_run(self, fields: dict[str, Any]) -> None:
+        """The run's final UPDATE: at once, or kept for :meth:`_send_kept`, fenced all the same."""
+        if self._kept is None:
+            self._update_run(**fields)
+            return
+        check_transition(self.run.status, fields["status"])
+        fields = {**self._pending, **fields}
+        self._pending = {}
+        self._kept.append((self._run_update(fields), self._fenced))
+        error = fields.get("error") or {}
+        log_change(self.run.pk, fields["status"], old=self.run.status,
+                   detail=f"{error.get('code', '')} {error.get('message', '')}".strip()[:200])  # fmt: skip
+        for name, value in fields.items():
+            setattr(self.run, name, value)
+
+    def _run_update(self, fields: dict[str, Any]) -> one_round_trip.Statement:
+        fence = Run.objects.filter(pk=self.run.pk, claimed_by=self.me, status=self.run.status)
+        return one_round_trip.update(fence, fields, using=connection.alias)
+
+    def _fenced(self, result: one_round_trip.Result) -> None:
+        if result[0] != 1:
+            # The statements sent with it went through: none of them may commit.
+            transaction.set_rollback(True)
+            raise LostClaim(str(self.run.pk))
+
+    def _send_kept(self) -> None:
+        """Send the writes kept back, the run's pending fields, the new step rows and the audit
+        entries so far in one round trip; then check each fence (a miss rolls all of it back)."""
+        if not self._kept and not (self._kept is not None and self._pending):
+            return
+        assert self._kept is not None
+        kept, self._kept = self._kept, []
+        if self._pending:
+            kept.append((self._run_update(self._pending), self._fenced))
+            self._pending = {}
+        rows = self._unsaved_steps
+        if rows:
+            self._unsaved_steps = []
+
+            def saved(result: one_round_trip.Result) -> None:
+                for row, (pk,) in zip(rows, result[1] or (), strict=True):
+                    row.pk = pk
+                    one_round_trip.mark_saved(row, connection.alias)
+
+            kept.append((one_round_trip.insert_many(rows, using=connection.alias), saved))
+        audit = writer.batch_statement()
+        if audit is not None:
+            kept.append((audit, None))
+        results = one_round_trip.send([statement for statement, _ in kept], using=connection.alias)
+        for (_, check), result in zip(kept, results, strict=True):
+            if check is not None:
+                check(result)
 
     # --- outcomes ------------------------------------------------------------
 
@@ -316,27 +389,34 @@ class RunRecorder:
 
     def _finish(self, status: str, *, output: Any = None, error: dict | None = None) -> None:
         with transaction.atomic(savepoint=False):
-            self._update_run(status=status, output=output, error=error, finished_at=timezone.now(),
-                             claimed_by="", lease_expires_at=None)  # fmt: skip
+            self._end_run({"status": status, "output": output, "error": error, "finished_at": timezone.now(),
+                           "claimed_by": "", "lease_expires_at": None})  # fmt: skip
             instruments.run_finished(status=status, queue=self.run.queue, created_at=self.run.created_at,
                                      finished_at=self.run.finished_at)  # fmt: skip
             if status != RunStatus.SUCCEEDED:
-                skip_unreached(self.run, status, {index for (phase, index) in self.step_runs if phase == PLAN})
+                skip_unreached(
+                    self.run, status, {index for (phase, index) in self.step_runs if phase == PLAN}
+                )
             outcome = Outcome.SUCCESS if status == RunStatus.SUCCEEDED else Outcome.FAILURE
             detail = f": {error['code']}" if error else ""
             self._audit(f"run.{status}", f"run {status}{detail}", outcome,
                         payload={"error": error, "cost_usd": str(self.run.cost_usd)})  # fmt: skip
             if status in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.TIMED_OUT):
                 kind = "succeeded" if status == RunStatus.SUCCEEDED else "failed"
-                events.publish(
-                    workspace_id=self.run.workspace_id, event_type=f"automation.run.{kind}",
-                    source=f"automation:{self.run.automation_id}", trace_id=self.run.trace_id,
-                    chain_depth=self.run.chain_depth + 1, parent_run_id=str(self.run.pk),
-                    principal_ids=self.run.principal_ids,
-                    payload={"automation_id": str(self.run.automation_id),
-                             "automation_name": self.run.snapshot.get("name"), "run_id": str(self.run.pk),
-                             "status": status, "output": output, "error": error},
-                )  # fmt: skip
+                event = {
+                    "workspace_id": self.run.workspace_id, "event_type": f"automation.run.{kind}",
+                    "source": f"automation:{self.run.automation_id}", "trace_id": self.run.trace_id,
+                    "chain_depth": self.run.chain_depth + 1, "parent_run_id": str(self.run.pk),
+                    "principal_ids": self.run.principal_ids,
+                    "payload": {"automation_id": str(self.run.automation_id),
+                                "automation_name": self.run.snapshot.get("name"), "run_id": str(self.run.pk),
+                                "status": status, "output": output, "error": error},
+                }  # fmt: skip
+                if self._kept is None:
+                    events.publish(**event)
+                else:  # its subscriber check is part of its INSERT, sent with the run's other final writes
+                    self._kept.append(events.publish_statement(**event))
+            self._send_kept()
         run_settled(self.run)
 
 

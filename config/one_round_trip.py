@@ -6,7 +6,11 @@ binds parameters on the client (``ClientCursor``), so statements compiled by the
 ORM can be joined and sent in one ``execute``: no ``BEGIN``, no ``COMMIT``, one
 network round trip and one commit for what would otherwise be five round trips.
 
-Only outside a transaction (autocommit), on PostgreSQL: :func:`available` says when.
+:func:`execute` only outside a transaction (autocommit), on PostgreSQL:
+:func:`available` says when. :func:`send` is the same inside a transaction (the
+worker's final writes, under the claim's row lock): the statements run in it,
+and one that fails breaks it, so all of them roll back with it; each
+statement's row count and rows come back, for the caller to check its fences.
 The statements are the ORM's own (compiled, not hand-written), so columns,
 defaults (``auto_now_add``) and value adaptation are the same as ``save()``'s;
 unlike ``save()``, no ``pre_save``/``post_save`` signal is sent (the models written
@@ -88,3 +92,44 @@ def execute(statements: list[Statement], using: str = "default") -> None:
     params = [param for _, statement_params in statements for param in statement_params]
     with connections[using].cursor() as cursor:
         cursor.execute(sql, params)
+
+
+def insert_many(objs: list[Model], using: str = "default") -> Statement:
+    """The multi-row INSERT ``bulk_create(objs)`` would send on PostgreSQL, with ``RETURNING`` the
+    primary keys (in the rows' order, as ``bulk_create`` relies on) when the model's key is automatic."""
+    meta = objs[0]._meta
+    fields = [f for f in meta.local_concrete_fields if not f.generated and f is not meta.auto_field]
+    query = InsertQuery(type(objs[0]))
+    query.insert_values(fields, objs)
+    compiler = query.get_compiler(using=using)
+    if meta.auto_field is not None:
+        compiler.returning_fields = [meta.pk]
+    [(sql, params)] = compiler.as_sql()
+    return sql, list(params)
+
+
+Result = tuple[int, list[tuple[Any, ...]] | None]
+
+
+def send(statements: list[Statement], using: str = "default") -> list[Result]:
+    """Send ``statements`` in one query inside the current transaction: one round trip.
+
+    Returns each statement's row count and rows (None for a statement returning none),
+    in order. A statement that fails fails the query: the caller's transaction is then
+    broken and rolls back, so the statements before it are undone too. PostgreSQL only.
+    """
+    connection = connections[using]
+    if connection.vendor != "postgresql" or not connection.in_atomic_block:
+        raise RuntimeError("one_round_trip.send needs PostgreSQL inside an atomic block")
+    sql = ";\n".join(statement for statement, _ in statements)
+    params = [param for _, statement_params in statements for param in statement_params]
+    results: list[Result] = []
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        while True:
+            results.append((cursor.rowcount, cursor.fetchall() if cursor.description else None))
+            if not cursor.nextset():
+                break
+    if len(results) != len(statements):
+        raise RuntimeError(f"{len(statements)} statements sent, {len(results)} results")
+    return results

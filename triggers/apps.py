@@ -17,4 +17,8 @@ class TriggersConfig(AppConfig):
             services.automation_saved_hooks.append(triggers_sync)
         if triggers_delete_for not in services.automation_deleted_hooks:
             services.automation_deleted_hooks.append(triggers_delete_for)
-        events.subscribe(matching.event_matched, interested=matching.has_subscribers)
+        events.subscribe(
+            matching.event_matched,
+            interested=matching.has_subscribers,
+            interested_sql=matching.has_subscribers_sql(),
+        )

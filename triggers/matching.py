@@ -43,7 +43,7 @@ from automations.expressions.filter_grammar import (
     FilterError,
     compile_filter,
 )
-from automations.models import AutomationStatus
+from automations.models import Automation, AutomationStatus
 
 from .input_mapping import MappingError, map_inputs
 from .models import Trigger, TriggerType
@@ -93,6 +93,16 @@ def _subscribed(workspace_id: int, event_type: str):
 def has_subscribers(workspace_id: int, event_type: str) -> bool:
     """One indexed lookup; the bus skips delivering events nobody subscribes to."""
     return _subscribed(workspace_id, event_type).exists()
+
+
+def has_subscribers_sql() -> str:
+    """:func:`has_subscribers` as an SQL boolean over two parameters (workspace id, event type),
+    for the bus to decide inside the event row's own INSERT (``events.publish_statement``)."""
+    return (
+        f"EXISTS (SELECT 1 FROM {Trigger._meta.db_table} t JOIN {Automation._meta.db_table} a"  # noqa: S608
+        f" ON a.id = t.automation_id WHERE t.workspace_id = %s AND t.event_type = %s"
+        f" AND t.type = '{TriggerType.EVENT.value}' AND t.enabled AND a.status = '{AutomationStatus.ACTIVE.value}')"
+    )
 
 
 def subscribers(event: Event) -> list[Trigger]:

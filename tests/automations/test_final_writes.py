@@ -1,0 +1,170 @@
+"""The run's final writes in one round trip (issue 11, PostgreSQL): the run's end, its new
+step rows, its event and its audit entries are one multi-statement query inside the
+claim's transaction. All of it commits with the claim or none of it does: a statement
+that fails, or a fence that misses, leaves the run as if never claimed, and the next
+claim runs it once. The real executor on a real database; a database trigger makes
+one statement of the query fail."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import DatabaseError, connection, transaction
+
+from audit import writer
+from audit.models import AuditEvent
+from automations import events, executor, services
+from automations.claim import claim
+from automations.models import DomainEvent, Run, RunStatus, StepRun
+from tests.factories import definition, event, http_step, transform
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="one round trip: the PostgreSQL lane"),
+]
+
+FAIL_RUN_SUCCEEDED_AUDIT = """
+CREATE FUNCTION test_refuse_run_succeeded() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.type = 'run.succeeded' THEN RAISE EXCEPTION 'refused by the test'; END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER test_refuse_run_succeeded BEFORE INSERT ON audit_auditevent
+    FOR EACH ROW EXECUTE FUNCTION test_refuse_run_succeeded();
+"""
+ALLOW = (
+    "DROP TRIGGER test_refuse_run_succeeded ON audit_auditevent; DROP FUNCTION test_refuse_run_succeeded();"
+)
+
+
+def one_step_run(workspace) -> Run:
+    automation = services.automation_create(
+        workspace=workspace, definition=definition(transform("greet", {"hi": 1}))
+    )
+    return services.run_create(automation=automation, inputs={}).run
+
+
+def traces(run: Run) -> dict[str, object]:
+    """What a claim and an execution leave behind, besides the run row."""
+    return {
+        "steps": StepRun.objects.filter(run=run).count(),
+        "events": DomainEvent.objects.filter(parent_run_id=run.pk).count(),
+        "audit": sorted(
+            AuditEvent.objects.filter(trace_id=run.trace_id)
+            .exclude(type="run.created")
+            .values_list("type", flat=True)
+        ),  # fmt: skip
+    }
+
+
+def test_a_one_step_run_sends_its_final_writes_in_one_query(workspace):
+    run = one_step_run(workspace)
+    sent = []
+
+    def count(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(count):
+        assert executor.execute_run(str(run.pk)) == RunStatus.SUCCEEDED
+
+    assert len(sent) == 2, sent  # the claim; then the run's end, step row, event and audit entries
+    assert sent[1].count(";\n") == 3, sent[1]
+    assert traces(run) == {"steps": 1, "events": 1,
+                           "audit": ["event.published", "run.started", "run.succeeded", "step.started",
+                                     "step.succeeded"]}  # fmt: skip
+    run.refresh_from_db()
+    assert (run.status, run.claimed_by, run.lease_expires_at) == (RunStatus.SUCCEEDED, "", None)
+    step = StepRun.objects.get(run=run)
+    assert step.status == "succeeded"
+    assert step.finished_at is not None
+
+
+def test_a_failing_statement_rolls_back_the_whole_query_and_the_claim_then_the_run_runs_once(workspace):
+    run = one_step_run(workspace)
+    with connection.cursor() as cursor:
+        cursor.execute(FAIL_RUN_SUCCEEDED_AUDIT)
+    try:
+        # The audit INSERT is the last statement of the query: the run's UPDATE, the
+        # step row and the event row before it went through, and must not commit.
+        with pytest.raises(DatabaseError, match="refused by the test"):
+            executor.execute_run(str(run.pk))
+        run.refresh_from_db()
+        assert (run.status, run.claimed_by, run.started_at, run.recoveries) == (RunStatus.QUEUED, "", None, 0)
+        assert traces(run) == {"steps": 0, "events": 0, "audit": []}
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(ALLOW)
+
+    # The broker gives the message back (acks_late) or the sweep re-sends it: claimed afresh.
+    assert executor.execute_run(str(run.pk)) == RunStatus.SUCCEEDED
+    assert traces(run) == {"steps": 1, "events": 1,
+                           "audit": ["event.published", "run.started", "run.succeeded", "step.started",
+                                     "step.succeeded"]}  # fmt: skip
+
+
+@pytest.mark.parametrize("then_slow", [False, True], ids=["run-ends", "a-slow-step-follows"])
+def test_a_run_update_that_misses_its_fence_rolls_back_everything_sent_with_it(workspace, then_slow):
+    """Under the claim's row lock the fence cannot miss; if it did, its row count says so and
+    nothing of the query (nor the claim) commits. Here the executor is not the claimant.
+    Either the run ends in the query, or a slow step follows the quick one (the query then
+    carries the run's progress, the step row and the audit entries, sent before the commit)."""
+    steps = [transform("greet", {"hi": 1})] + (
+        [http_step("call", "http://127.0.0.1:9/")] if then_slow else []
+    )
+    automation = services.automation_create(workspace=workspace, definition=definition(*steps))
+    run = services.run_create(automation=automation, inputs={}).run
+    with transaction.atomic(), writer.batch():
+        claimed = claim(str(run.pk), "worker-a:1")
+        assert claimed is not None
+        assert executor.Executor(claimed, "worker-b:2").begin() is False
+
+    run.refresh_from_db()
+    assert (run.status, run.claimed_by, run.started_at, run.step_index) == (RunStatus.QUEUED, "", None, 0)
+    assert traces(run) == {"steps": 0, "events": 0, "audit": []}
+    if not then_slow:
+        assert executor.execute_run(str(run.pk)) == RunStatus.SUCCEEDED
+        assert traces(run)["steps"] == 1
+
+
+def test_the_subscriber_check_in_the_event_insert_answers_as_the_python_check(workspace, other_workspace,
+                                                                              monkeypatch):  # fmt: skip
+    """The event row's INSERT decides ``delivered_at`` with the subscribers' SQL: the same
+    answer as their Python check in every case it tells apart, and a delivery is queued
+    after commit only when someone subscribes."""
+    from triggers.models import Trigger
+
+    queued: list[str] = []
+    monkeypatch.setattr(events, "send_delivery", queued.append)
+    done = "automation.run.succeeded"
+    watcher = services.automation_create(
+        workspace=workspace, definition=definition(transform("t", 1), triggers=[event("on-done", done)])
+    )
+    watched = one_step_run(workspace)
+
+    def answers(ws: int, event_type: str) -> tuple[bool, bool]:
+        sql, params = events._wanted_sql(ws, event_type)
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT {sql}", params)  # noqa: S608
+            return events._wanted(ws, event_type), cursor.fetchone()[0]
+
+    assert answers(workspace.pk, done) == (True, True)
+    assert answers(workspace.pk, "automation.run.failed") == (False, False)
+    assert answers(other_workspace.pk, done) == (False, False)
+    Trigger.objects.filter(automation=watcher).update(enabled=False)
+    assert answers(workspace.pk, done) == (False, False)
+    Trigger.objects.filter(automation=watcher).update(enabled=True)
+    type(watcher).objects.filter(pk=watcher.pk).update(status="paused")
+    assert answers(workspace.pk, done) == (False, False)
+    type(watcher).objects.filter(pk=watcher.pk).update(status="active")
+    assert answers(workspace.pk, done) == (True, True)
+
+    assert executor.execute_run(str(watched.pk)) == RunStatus.SUCCEEDED
+    subscribed = DomainEvent.objects.get(parent_run_id=watched.pk)
+    assert subscribed.delivered_at is None
+    assert queued == [str(subscribed.pk)]
+
+    Trigger.objects.filter(automation=watcher).update(enabled=False)
+    unwatched = one_step_run(workspace)
+    assert executor.execute_run(str(unwatched.pk)) == RunStatus.SUCCEEDED
+    assert DomainEvent.objects.get(parent_run_id=unwatched.pk).delivered_at is not None  # nothing to deliver
+    assert queued == [str(subscribed.pk)]
