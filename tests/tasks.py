@@ -25,6 +25,14 @@ def sleep(seconds: float, pid_file: str | None = None) -> int:
 _connections: list[object] = []  # held, so that a closed connection's id() is never reused
 
 
+@shared_task(name="tests.gc_state", ignore_result=False)
+def gc_state() -> dict[str, int]:
+    """This pool process's garbage collector: objects frozen out of its reach, and objects it tracks."""
+    import gc
+
+    return {"frozen": gc.get_freeze_count(), "tracked": len(gc.get_objects())}
+
+
 @shared_task(name="tests.database_session", ignore_result=False)
 def database_session() -> str:
     """Which database session this pool process used: PostgreSQL's backend pid, else the connection's identity."""
