@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from django.urls import include, path
 
+from triggers.api.urls import fire_urlpatterns
+
 from .api_index import ApiIndex
 
 urlpatterns = [
+    *fire_urlpatterns,  # the webhook fire first: the hot path (triggers/api/urls.py)
     path("", ApiIndex.as_view(), name="api-index"),
     path("", include("audit.api.urls")),
     path("", include("automations.api.urls")),

@@ -4,6 +4,7 @@ as the DRF APIView that documents the endpoint does: status, body and headers.""
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 from django.test import RequestFactory
@@ -88,3 +89,18 @@ def test_an_accepted_fire_and_other_methods_answer_as_the_drf_view_does(hook, no
             drf.content,
             _headers(drf),
         )
+
+
+@pytest.mark.parametrize("automation_id", [str(uuid.uuid4()), "not-a-uuid"])
+def test_the_fire_route_is_tried_first_and_shadows_no_other_route(automation_id):
+    from django.urls import Resolver404, URLResolver, resolve
+    from django.urls.resolvers import RegexPattern
+
+    from config import api_urls
+
+    path = f"/api/v1/automations/{automation_id}/fire"
+    assert api_urls.urlpatterns[0].name == "automation-fire"
+    assert resolve(path).url_name == "automation-fire"
+    others = URLResolver(RegexPattern(r"^/api/v1/"), api_urls.urlpatterns[1:])
+    with pytest.raises(Resolver404):
+        others.resolve(path)
