@@ -214,7 +214,13 @@ def _fill(text: str, sentinels: list[str]) -> str:
 
 
 def seed(
-    runs: int, *, days: int = 30, chunk: int = 10000, jobs: int | None = None, out=print
+    runs: int,
+    *,
+    days: int = 30,
+    chunk: int = 10000,
+    jobs: int | None = None,
+    defer_indexes: bool | None = None,
+    out=print,
 ) -> dict[str, float]:
     """Add ``runs`` runs (2 steps, 8 audit events each) spread over the last ``days`` days.
 
@@ -223,7 +229,13 @@ def seed(
     text with one ``COPY`` per table and chunk, in one transaction with the chain heads.
     On PostgreSQL, outside a transaction, ``jobs`` processes (default: one per core, at
     most 2) share the workspaces, each with its own chains and connection.
+
+    On PostgreSQL, when the seed at least doubles the runs (``defer_indexes`` None: decide so;
+    a fresh database always), the three tables' secondary indexes (not the primary keys and
+    unique constraints) are dropped first and built again once every row is in: a sorted build
+    instead of a B-tree insert per row (see :func:`_drop_secondary_indexes`).
     """
+    restore_indexes(out)  # those a seed that stopped half-way left dropped
     workspaces, automations, _ = _world()
     heads = {}
     for workspace in workspaces:
@@ -241,6 +253,11 @@ def seed(
     ws_index = {w.pk: n for n, w in enumerate(workspaces)}
     plan = _Plan(automations, heads, start_us, spacing_us, runs, chunk, pg)
     began = time.perf_counter()
+    if defer_indexes is None:
+        defer_indexes = pg and runs >= Run.objects.count()
+    if pg and defer_indexes:
+        dropped = _drop_secondary_indexes()
+        out(f"  {len(dropped)} secondary indexes dropped, built again after the rows are in")
     if jobs == 1:
         for done in plan.write(lambda a: True):
             out(f"  seeded {done}/{runs} runs ({done / (time.perf_counter() - began):.0f} runs/s)")
@@ -270,15 +287,71 @@ def seed(
             out(f"  seeded {done}/{runs} runs ({done / (time.perf_counter() - began):.0f} runs/s)")
         for process in shares:
             process.join()
+    if pg and defer_indexes:
+        built = time.perf_counter()
+        restore_indexes(out)
+        out(f"  indexes built in {time.perf_counter() - built:.1f} s")
     if pg:
+        vacuumed = time.perf_counter()
         # Statistics for the planner and, outside a transaction, the visibility map too: seeded
         # history stands for old rows, which autovacuum has long passed over in a live database.
         command = "ANALYZE" if connection.in_atomic_block else "VACUUM (ANALYZE)"
         with connection.cursor() as cursor:
             for table in ("automations_run", "automations_steprun", "audit_auditevent"):
                 cursor.execute(f"{command} {table}")
+        out(f"  {command} in {time.perf_counter() - vacuumed:.1f} s")
     elapsed = time.perf_counter() - began
     return {"runs": runs, "seconds": elapsed, "runs_per_s": runs / elapsed}
+
+
+_SEEDED_TABLES = ("automations_run", "automations_steprun", "audit_auditevent")
+# The definitions of the indexes a seed dropped, written in the transaction that drops them
+# and deleted in the one that builds each again: a seed killed in between leaves them here,
+# and the next seed (or ``restore_indexes``) builds them first.
+_DROPPED = "seed_history_dropped_index"
+
+
+def _drop_secondary_indexes() -> list[str]:
+    """Drop the seeded tables' indexes that back no constraint (primary keys and unique
+    constraints stay, so every row is still checked), recording each one's definition."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"CREATE TABLE IF NOT EXISTS {_DROPPED} (name text PRIMARY KEY, definition text NOT NULL)"
+        )
+        cursor.execute(
+            "SELECT i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid) FROM pg_index i"
+            " JOIN pg_class t ON t.oid = i.indrelid WHERE t.relname = ANY(%s) AND t.relnamespace ="
+            " 'public'::regnamespace AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)"
+            " ORDER BY 1",
+            [list(_SEEDED_TABLES)],
+        )
+        indexes = cursor.fetchall()
+        for name, definition in indexes:
+            cursor.execute(f"INSERT INTO {_DROPPED} (name, definition) VALUES (%s, %s)", [name, definition])
+            cursor.execute(f"DROP INDEX {name}")
+    return [name for name, _ in indexes]
+
+
+def restore_indexes(out=print) -> list[str]:
+    """Build again every index a seed dropped (each in one transaction with its record), biggest
+    table last; PostgreSQL only. Returns their names."""
+    if connection.vendor != "postgresql":
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass(%s)", [_DROPPED])
+        if cursor.fetchone()[0] is None:
+            return []
+        cursor.execute(f"SELECT name, definition FROM {_DROPPED} ORDER BY name")
+        pending = cursor.fetchall()
+    for name, definition in pending:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET LOCAL maintenance_work_mem = '256MB'")
+            cursor.execute(f"DROP INDEX IF EXISTS {name}")  # an invalid one a killed build left
+            cursor.execute(definition)
+            cursor.execute(f"DELETE FROM {_DROPPED} WHERE name = %s", [name])
+    if pending:
+        out(f"  {len(pending)} indexes built: {', '.join(name for name, _ in pending)}")
+    return [name for name, _ in pending]
 
 
 def _share(plan: _Plan, mine, progress) -> None:
@@ -388,6 +461,9 @@ class _Plan:
                         # No foreign-key triggers: every row refers to this command's own runs,
                         # automations and workspaces, created before. Only for this transaction.
                         cursor.execute("SET LOCAL session_replication_role = replica")
+                    # Seeded rows stand for old history: a crash may lose the last chunks (the chain
+                    # heads with them), never half of one; the commit need not wait for the disk.
+                    cursor.execute("SET LOCAL synchronous_commit = off")
             for table in tables:
                 table.write(connection)
             for chain in chains:

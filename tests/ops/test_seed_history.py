@@ -28,3 +28,48 @@ def test_seeded_runs_have_steps_and_chains_that_verify():
     result = verify_all()
     assert result.ok, result.broken
     assert result.events >= 42 * 8
+
+
+postgresql_only = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="indexes are dropped on PostgreSQL only"
+)
+
+
+def _indexes() -> set[tuple[str, str]]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename IN"
+            " ('automations_run', 'automations_steprun', 'audit_auditevent')"
+        )
+        return set(cursor.fetchall())
+
+
+@postgresql_only
+def test_a_seed_that_builds_the_indexes_after_leaves_them_as_they_were():
+    before = _indexes()
+    history_bench.seed(20, chunk=7, defer_indexes=True, out=lambda *_: None)
+    assert _indexes() == before
+    assert not history_bench.restore_indexes(out=lambda *_: None)  # nothing left to build
+    assert Run.objects.count() == 20
+    assert verify_all().ok
+
+
+@postgresql_only
+def test_a_seed_stopped_half_way_leaves_its_dropped_indexes_to_the_next_one(monkeypatch):
+    before = _indexes()
+
+    def dies(self, tables, chains):
+        raise KeyboardInterrupt("killed mid-seed")
+
+    monkeypatch.setattr(history_bench._Plan, "_flush", dies)
+    with pytest.raises(KeyboardInterrupt):
+        history_bench.seed(20, defer_indexes=True, out=lambda *_: None)
+    left = before - _indexes()
+    assert {name for name, _ in left} >= {"run_created_idx", "run_trace_idx", "audit_type_idx"}
+    constraints = {name for name, _ in before if name.endswith("_pkey") or name == "steprun_unique"}
+    assert not constraints & {name for name, _ in left}  # primary keys and unique constraints stay
+
+    monkeypatch.undo()
+    history_bench.seed(5, defer_indexes=False, out=lambda *_: None)  # builds them first
+    assert _indexes() == before
+    assert Run.objects.count() == 5
