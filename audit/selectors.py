@@ -5,8 +5,9 @@ from __future__ import annotations
 from django.db import connection
 from django.db.models import Q, QuerySet
 from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Left
 
-from .models import AuditEvent
+from .models import KEY_PREFIX, AuditEvent
 
 
 def audit_events(
@@ -19,7 +20,7 @@ def audit_events(
     """Events of the given workspaces (a list of ids), oldest first."""
     events = AuditEvent.objects.filter(workspace_id__in=workspace_ids)
     if trace_id:
-        events = events.filter(trace_id=trace_id)
+        events = of_trace(events, trace_id)
     if type:
         events = events.filter(type=type)
     if run:
@@ -27,12 +28,23 @@ def audit_events(
     return events.order_by("id")
 
 
+def of_trace(events: QuerySet[AuditEvent], trace_id: str) -> QuerySet[AuditEvent]:
+    """The events of trace ``trace_id``: the indexed prefix (audit_trace_prefix_idx), then the whole id."""
+    return events.alias(trace_prefix=Left("trace_id", KEY_PREFIX)).filter(
+        trace_prefix=trace_id[:KEY_PREFIX], trace_id=trace_id
+    )
+
+
 def of_run(events: QuerySet[AuditEvent], run: str) -> QuerySet[AuditEvent]:
     """The events whose ``refs.run`` is ``run``."""
     if connection.vendor == "postgresql":
-        # The very expression of the index audit_run_ref_idx (refs ->> 'run'), so the
-        # planner uses it; ->> gives a number as its text, so 41 matches "41" too.
-        return events.alias(run_ref=KeyTextTransform("run", "refs")).filter(run_ref=run)
+        # The very expression of the index audit_run_prefix_idx (a prefix of refs ->> 'run'), so
+        # the planner uses it, then the whole value; ->> gives a number as its text, so 41
+        # matches "41" too.
+        run_ref = KeyTextTransform("run", "refs")
+        return events.alias(run_prefix=Left(run_ref, KEY_PREFIX), run_ref=run_ref).filter(
+            run_prefix=run[:KEY_PREFIX], run_ref=run
+        )
     # SQLite compares JSON values: match the id as text or as a number.
     match = Q(refs__run=run)
     if run.isdigit():

@@ -192,6 +192,7 @@ def test_no_changelist_query_scans_a_history_table_at_a_few_thousand_rows(histor
         (runs_cl, {}), (runs_cl, {"p": "20"}), (runs_cl, {"status__exact": "failed"}), (runs_cl, {"q": run.trace_id}),
         (runs_cl, {"q": str(run.pk)}), (steps_cl, {}), (steps_cl, {"p": "20"}), (steps_cl, {"q": str(run.pk)}),
         (audit_cl, {}), (audit_cl, {"p": "20"}), (audit_cl, {"type": "run.failed"}), (audit_cl, {"q": str(run.pk)}),
+        (audit_cl, {"q": run.trace_id}), (audit_cl, {"trace_id": run.trace_id}),
     ]:  # fmt: skip
         with CaptureQueriesContext(connection) as queries:
             assert client.get(url, query).status_code == 200
