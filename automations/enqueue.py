@@ -21,6 +21,8 @@ broker, is the record of what must run: an outbox whose rows are the runs.
   broker). Within seconds of the broker coming back, without a write per run.
   When the queue does hold messages, a missing one cannot be told apart from a
   backlog, and the sweep's ``AUTOPLANE_REQUEUE_AFTER_SECONDS`` applies.
+- What the relay and the sweep send again is marked ``careful``: its message may have
+  been lost with a worker that a quick step killed (see :func:`publish_run`).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ MAX_COUNTDOWN = timedelta(minutes=15)
 RELAY_BATCH = 500
 
 
-def publish_run(run_id: str, queue: str, *, countdown: float | None = None) -> None:
+def publish_run(run_id: str, queue: str, *, countdown: float | None = None, careful: bool = False) -> None:
     """Send the execute message now (callers outside a transaction, e.g. a relay).
 
     ``ignore_result``: ``send_task`` does not read ``task_ignore_result``, and without
@@ -60,12 +62,21 @@ def publish_run(run_id: str, queue: str, *, countdown: float | None = None) -> N
     On a Redis broker, outside a worker's task and with nothing hooked into Celery's
     publish signals, the same message is pushed by :mod:`config.redis_publish` in one
     ``LPUSH`` without kombu's publish path (~1,700 Python calls fewer per fire).
+
+    ``careful``: a re-send (the relay, the sweep) of a run whose message may have died
+    with its worker: the worker runs it step by step, as a message the broker gives
+    back (``executor.execute_run``), so a quick step that kills whole workers is
+    counted and stopped by ``AUTOPLANE_MAX_RECOVERIES`` instead of killing the next one.
+    Re-sends are rare: they go through ``send_task``, which carries the keyword.
     """
-    direct = _redis_publish() if countdown is None else None
+    direct = _redis_publish() if countdown is None and not careful else None
     if direct is not None and direct.usable():
         direct.publish(EXECUTE_TASK, [run_id], queue)
         return
-    app.send_task(EXECUTE_TASK, args=[run_id], queue=queue, countdown=countdown, ignore_result=True)
+    kwargs = {"careful": True} if careful else None
+    app.send_task(
+        EXECUTE_TASK, args=[run_id], kwargs=kwargs, queue=queue, countdown=countdown, ignore_result=True
+    )
 
 
 @functools.cache
@@ -113,7 +124,7 @@ def runs_relay(now: datetime | None = None) -> int:
         ):
             # Stamped, so the next tick does not send it again before a worker had a chance.
             Run.objects.filter(pk=run_id, status=RunStatus.QUEUED).update(enqueued_at=now)
-            publish_run(str(run_id), queue)
+            publish_run(str(run_id), queue, careful=True)
             published += 1
     if published:
         logger.info("relay: published %d queued runs their queue had no message for", published)

@@ -446,6 +446,6 @@ def runs_sweep() -> dict[str, int]:
                 continue  # claimed meanwhile, or another sweep sent it
             elif name == "due" and not due.filter(pk=run_id).update(resent_at=now):
                 continue  # claimed meanwhile, or another sweep sent it
-            publish_run(str(run_id), queue)
+            publish_run(str(run_id), queue, careful=True)  # it may have killed the worker it was with
             counts[name] += 1
     return counts

@@ -12,10 +12,11 @@ from .dispatcher import purge_dispatch_keys
 
 @shared_task(name="autoplane.execute_run", bind=True, acks_late=True, reject_on_worker_lost=True,
              ignore_result=True)  # fmt: skip
-def execute_run(self, run_id: str) -> str | None:
-    # A message the broker gives back (its worker died holding it) is run step by step.
+def execute_run(self, run_id: str, careful: bool = False) -> str | None:
+    # A message the broker gives back (its worker died holding it), or one the relay or the
+    # sweep sent again (``careful``: its message may have died with a worker), is run step by step.
     redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
-    return executor.execute_run(run_id, careful=redelivered)
+    return executor.execute_run(run_id, careful=careful or redelivered)
 
 
 @shared_task(name="autoplane.resume_run", ignore_result=True)
