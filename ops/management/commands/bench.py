@@ -6,7 +6,7 @@ from rest_framework.test import APIClient
 from bench import cancel_bench, engine_bench, history_bench, hotpath_profile, http_bench
 from bench.workers import Workers
 from config.celery import QUEUES
-from ops.management.commands.up import default_web_workers
+from ops.management.commands.up import default_web_workers, ensure_signing_key, prepare_database
 
 
 class Command(BaseCommand):
@@ -48,6 +48,9 @@ class Command(BaseCommand):
         n = n if n is not None else 50 if small else 200
         runs = runs if runs is not None else 200 if small else 800
         logging.getLogger().setLevel(logging.WARNING)  # per-step INFO lines would drown the figures
+        # As `up` does: a fresh database is created (PostgreSQL) and migrated, a missing key made.
+        prepare_database(lambda line: self.stdout.write(f"bench: {line}"))
+        ensure_signing_key(lambda line: self.stdout.write(f"bench: {line}"), self.stderr.write)
         if options["history"]:
             self._history(options["history"], options["confirmed"])
             return

@@ -19,6 +19,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
@@ -214,6 +215,63 @@ def unapplied_migrations() -> list:
     return executor.migration_plan(executor.loader.graph.leaf_nodes())
 
 
+def ensure_database(say: Callable[[str], object]) -> None:
+    """A PostgreSQL database that does not exist yet is created, or one line says how to."""
+    connection = connections["default"]
+    try:
+        connection.ensure_connection()
+        return
+    except OperationalError as exc:
+        if settings.DATABASE_IS_SQLITE or "does not exist" not in str(exc):
+            raise CommandError(f"cannot connect to the database: {str(exc).strip().splitlines()[0]}")
+    params = connection.settings_dict
+    name, host = params["NAME"], params.get("HOST") or "localhost"
+    try:
+        with psycopg.connect(
+            host=host, port=params.get("PORT") or 5432, user=params.get("USER") or None,
+            password=params.get("PASSWORD") or None, dbname="postgres", autocommit=True,
+        ) as admin:  # fmt: skip
+            admin.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
+    except psycopg.Error as exc:
+        user = f" -U {params['USER']}" if params.get("USER") else ""
+        raise CommandError(
+            f"database {name!r} does not exist on {host} and could not be created "
+            f"({str(exc).strip().splitlines()[0]}); run: createdb -h {host}{user} {name}"
+        )
+    say(f"database {name!r} created on {host}")
+
+
+def prepare_database(say: Callable[[str], object]) -> None:
+    """The configured database, created if missing (PostgreSQL) and migrated: what ``up`` and
+    ``bench`` (which starts the same processes) do first."""
+    ensure_database(say)
+    if unapplied_migrations():
+        say("applying migrations")
+        call_command("migrate", interactive=False, verbosity=0)
+
+
+def ensure_signing_key(say: Callable[[str], object], warn: Callable[[str], object]) -> None:
+    """The signing key file, generated if there is neither a key nor a file (``warn``: it cannot be)."""
+    if settings.AUTOPLANE_SIGNING_KEY:
+        return
+    path = Path(settings.AUTOPLANE_SIGNING_KEY_FILE)
+    if path.exists():
+        return
+    try:
+        from audit.signing import generate_key_file
+    except ImportError as exc:
+        warn(
+            f"ERROR: cannot create the signing key {path}: audit.signing is missing ({exc}). "
+            "Approvals and audit checkpoints will not be signed."
+        )
+        return
+    try:
+        generate_key_file(path)
+    except FileExistsError:
+        return  # another process made it first
+    say(f"signing key created: {path}")
+
+
 def _port_free(host: str, port: int) -> bool:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
@@ -262,11 +320,9 @@ class Command(BaseCommand):
         if not init_only and not _port_free(host, port):
             raise CommandError(f"{host}:{port} is in use; pick another with --port")
 
-        self._ensure_database()
-        if unapplied_migrations():
-            call_command("migrate", interactive=False, verbosity=0)
+        prepare_database(self.say)
         bootstrap = platform_bootstrap()
-        self._ensure_signing_key()
+        ensure_signing_key(self.say, self.stderr.write)
         if bootstrap is not None:
             _load_examples(bootstrap=bootstrap, say=self.say)
         base = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"  # noqa: S104
@@ -297,31 +353,6 @@ class Command(BaseCommand):
         if code:
             raise SystemExit(code)
 
-    def _ensure_database(self) -> None:
-        """A PostgreSQL database that does not exist yet is created, or one line says how to."""
-        connection = connections["default"]
-        try:
-            connection.ensure_connection()
-            return
-        except OperationalError as exc:
-            if settings.DATABASE_IS_SQLITE or "does not exist" not in str(exc):
-                raise CommandError(f"cannot connect to the database: {str(exc).strip().splitlines()[0]}")
-        params = connection.settings_dict
-        name, host = params["NAME"], params.get("HOST") or "localhost"
-        try:
-            with psycopg.connect(
-                host=host, port=params.get("PORT") or 5432, user=params.get("USER") or None,
-                password=params.get("PASSWORD") or None, dbname="postgres", autocommit=True,
-            ) as admin:  # fmt: skip
-                admin.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
-        except psycopg.Error as exc:
-            user = f" -U {params['USER']}" if params.get("USER") else ""
-            raise CommandError(
-                f"database {name!r} does not exist on {host} and could not be created "
-                f"({str(exc).strip().splitlines()[0]}); run: createdb -h {host}{user} {name}"
-            )
-        self.say(f"database {name!r} created on {host}")
-
     def _prerequisites(self) -> None:
         """One line for each thing missing or unusual on this machine; nothing when all is well."""
         for finding in diagnose(fast=True):
@@ -337,26 +368,6 @@ class Command(BaseCommand):
             )
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             self.say("running as root: fine on a dev box; in production run workers as an unprivileged user")
-
-    def _ensure_signing_key(self) -> None:
-        if settings.AUTOPLANE_SIGNING_KEY:
-            return
-        path = Path(settings.AUTOPLANE_SIGNING_KEY_FILE)
-        if path.exists():
-            return
-        try:
-            from audit.signing import generate_key_file
-        except ImportError as exc:
-            self.stderr.write(
-                f"ERROR: cannot create the signing key {path}: audit.signing is missing ({exc}). "
-                "Approvals and audit checkpoints will not be signed."
-            )
-            return
-        try:
-            generate_key_file(path)
-        except FileExistsError:
-            return  # another process made it first
-        self.say(f"signing key created: {path}")
 
     def _banner(self, base: str, bootstrap: Bootstrap | None, *, urls: bool = True) -> str:
         db = settings.DATABASES["default"]
