@@ -379,6 +379,8 @@ def run_resolve(*, run: Run, resolution: str, user=None, reason: str = "", outpu
                       error={"code": "OUTCOME_UNKNOWN", "message": "marked failed by an operator"})  # fmt: skip
     check_transition(run.status, fields["status"])
     Run.objects.filter(pk=run.pk).update(**fields)
+    if fields["status"] == RunStatus.FAILED:  # its history shows every plan step, as a failed run's does
+        skip_unreached(run, RunStatus.FAILED)
     log_change(run.pk, fields["status"], old=run.status,
                detail=f"resolved '{resolution}' by {writer.actor_for(user)}")  # fmt: skip
     writer.append(

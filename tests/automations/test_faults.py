@@ -260,3 +260,21 @@ def test_a_resolution_that_goes_on_starts_the_recovery_count_again(workspace, se
     Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     assert executor.execute_run(str(run.pk), "worker-1:1") == RunStatus.SUCCEEDED
     assert Run.objects.get(pk=run.pk).recoveries == 1
+
+
+def test_a_run_resolved_as_failed_gets_skipped_rows_for_the_steps_it_never_reached(workspace):
+    """As a failed or cancelled run's (transitions.skip_unreached): the history shows every plan step."""
+    run = start(workspace, post("http://127.0.0.1:9/x"), transform("b", "y"), transform("c", "z"))
+    # Its worker died in the POST (checkpointed running, no outcome); the next claim cannot know
+    # whether the POST happened and hands the run to an operator.
+    executor.claim(str(run.pk), "gone-host:4242")
+    StepRun.objects.create(run=run, phase="plan", index=0, step_id="post", action="http_request",
+                           status="running", attempt=1, idempotency_key="k", started_at=timezone.now())  # fmt: skip
+    Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert executor.execute_run(str(run.pk), "worker-1:1") == RunStatus.NEEDS_ATTENTION
+
+    resolved = services.run_resolve(run=Run.objects.get(pk=run.pk), resolution="failed", reason="checked")
+
+    assert resolved.status == RunStatus.FAILED
+    steps = {s.step_id: (s.status, s.error_code) for s in StepRun.objects.filter(run=run, phase="plan")}
+    assert steps == {"post": ("failed", "OUTCOME_UNKNOWN"), "b": ("skipped", ""), "c": ("skipped", "")}
