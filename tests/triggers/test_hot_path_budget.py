@@ -10,6 +10,9 @@ transaction around them), so the counts are the ones production sees.
 
 from __future__ import annotations
 
+import sys
+import uuid
+
 import pytest
 from django.conf import settings
 from django.db import connection
@@ -17,7 +20,9 @@ from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from automations import executor, services
+from automations.enqueue import publish_run
 from automations.models import Run, RunStatus, StepRun
+from config.celery import app, queue_backlog
 from tests.factories import definition, fire, webhook
 from triggers.models import Trigger
 from triggers.services import trigger_token_rotate
@@ -111,3 +116,57 @@ def test_a_ten_step_quick_run_costs_the_statements_of_a_one_step_run(make_automa
     steps = StepRun.objects.filter(run=run).order_by("index")
     assert [(s.step_id, s.status) for s in steps] == [(f"s{i}", "succeeded") for i in range(10)]
     assert steps[9].output["data"] == {"i": 9, "prev": 8}
+
+
+# Python function calls of one fire through Django's whole request stack (the test client's
+# own share included), the execute message's publish apart (``no_enqueue``; its budget is
+# below): load-independent, like the statements. docs/performance.md, "The web side of a
+# fire". Counted as Python function calls (not C builtins).
+FIRE_CALL_BUDGET = 2_100 if connection.vendor == "postgresql" else 2_400
+# One execute message on a Redis broker (config.redis_publish: one LPUSH); kombu's
+# send_task path was several times that.
+PUBLISH_CALL_BUDGET = 200
+
+
+def _python_calls(work) -> tuple[int, object]:
+    calls = 0
+
+    def count(frame, event, arg) -> None:
+        nonlocal calls
+        if event == "call":
+            calls += 1
+
+    sys.setprofile(count)
+    try:
+        result = work()
+    finally:
+        sys.setprofile(None)
+    return calls, result
+
+
+def test_one_webhook_fire_stays_within_its_python_call_budget(budget_hook, no_enqueue):
+    automation, token = budget_hook
+    client = APIClient()
+    for n in range(3):  # caches, connection, compiled statements
+        assert fire(client, automation.pk, {"name": f"warm {n}"}, token=token).status_code == 202
+
+    calls, response = _python_calls(lambda: fire(client, automation.pk, {"name": "Ada"}, token=token))
+
+    assert response.status_code == 202, response.content
+    print(f"python calls per fire: {calls}")
+    assert calls <= FIRE_CALL_BUDGET
+    assert len(no_enqueue) == 4
+
+
+@pytest.mark.skipif(not str(app.conf.broker_url).startswith("redis://"), reason="the Redis broker's publish")
+def test_one_execute_message_stays_within_its_python_call_budget():
+    queue = f"test-budget-{uuid.uuid4().hex[:8]}"
+    try:
+        publish_run(str(uuid.uuid4()), queue)  # the client's connection
+        calls, _ = _python_calls(lambda: publish_run(str(uuid.uuid4()), queue))
+        assert queue_backlog((queue,))[queue] == 2
+    finally:
+        with app.connection_for_write() as conn:
+            conn.default_channel.queue_delete(queue)
+    print(f"python calls per publish: {calls}")
+    assert calls <= PUBLISH_CALL_BUDGET
