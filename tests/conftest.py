@@ -193,6 +193,27 @@ def worker_factory(request, transactional_db, celery_session_pool):
 
 
 @pytest.fixture
+def slow_server() -> Iterator[live.HeldServer]:
+    """A local HTTP server that takes GETs and holds their answers (``arrived``, ``release``, ``url``)."""
+    with live.held_server() as server:
+        yield server
+
+
+@pytest.fixture
+def signing_key_file(settings, tmp_path) -> Path:
+    """A signing key file of this test's own; nothing touches the real data directory's key.
+    (The approvals and audit tests use it in every test.)"""
+    from audit import signing
+
+    key_file = tmp_path / "keys" / "signing_key.pem"
+    settings.AUTOPLANE_SIGNING_KEY = ""
+    settings.AUTOPLANE_SIGNING_KEY_FILE = key_file
+    settings.AUTOPLANE_RETIRED_PUBLIC_KEY_FILES = []
+    signing.generate_key_file(key_file)
+    return key_file
+
+
+@pytest.fixture
 def beat_process(transactional_db):
     """``beat_process(max_interval=1) -> BeatProcess``: a running celery beat, stopped after the test."""
     started: list[live.BeatProcess] = []

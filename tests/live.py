@@ -15,9 +15,12 @@ import platform
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import quote
 
@@ -409,3 +412,44 @@ def kill_leftovers() -> list[int]:
 
 
 atexit.register(kill_leftovers)
+
+
+class _Held(BaseHTTPRequestHandler):
+    """Takes the request, then holds the answer for up to 60 s (or until the test releases it)."""
+
+    def do_GET(self):
+        self.server.arrived.set()
+        self.server.release.wait(60)
+        try:
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+        except OSError:  # the caller abandoned the call
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+class HeldServer(ThreadingHTTPServer):
+    """A local HTTP server whose GETs are taken (``arrived`` is set), then answered only once
+    ``release`` is set or 60 s have passed: a call in flight for a cancel to interrupt."""
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), _Held)
+        self.arrived, self.release = threading.Event(), threading.Event()
+        self.url = f"http://127.0.0.1:{self.server_address[1]}/slow"
+
+
+@contextmanager
+def held_server() -> Iterator[HeldServer]:
+    """A running :class:`HeldServer`, whose held calls are released and which is closed at the end."""
+    server = HeldServer()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.release.set()
+        server.shutdown()
+        server.server_close()

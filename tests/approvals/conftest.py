@@ -19,18 +19,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from audit import signing
-
 
 @pytest.fixture(autouse=True)
-def signing_key_file(settings, tmp_path):
-    """Every test signs with its own key file; nothing touches the real data directory's key."""
-    key_file = tmp_path / "keys" / "signing_key.pem"
-    settings.AUTOPLANE_SIGNING_KEY = ""
-    settings.AUTOPLANE_SIGNING_KEY_FILE = key_file
-    settings.AUTOPLANE_RETIRED_PUBLIC_KEY_FILES = []
-    signing.generate_key_file(key_file)
-    return key_file
+def signing_key_file(signing_key_file):
+    """Every test signs with its own key file (tests/conftest.py's fixture, used by every test here)."""
+    return signing_key_file
 
 
 @pytest.fixture(autouse=True)

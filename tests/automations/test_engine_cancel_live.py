@@ -7,11 +7,8 @@ operator's API poll would, with deadlines instead of sleeps.
 from __future__ import annotations
 
 import subprocess
-import threading
 import time
 import uuid
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -61,36 +58,6 @@ def test_cancel_kills_a_running_sandbox_step_within_seconds(celery_workers, work
     assert _sandbox_pids(marker) == []
     event = AuditEvent.objects.get(trace_id=run.trace_id, type="step.cancelled")
     assert "sandbox process group was killed" in event.payload["interrupted"]
-
-
-class _Held(BaseHTTPRequestHandler):
-    """Takes the request, then holds the answer for up to 60 s (or until the test releases it)."""
-
-    def do_GET(self):
-        self.server.arrived.set()
-        self.server.release.wait(60)
-        try:
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"{}")
-        except OSError:  # the caller abandoned the call
-            pass
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def slow_server() -> Iterator[ThreadingHTTPServer]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Held)
-    server.arrived, server.release = threading.Event(), threading.Event()
-    server.url = f"http://127.0.0.1:{server.server_address[1]}/slow"
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.release.set()
-    server.shutdown()
-    server.server_close()
 
 
 def test_cancel_abandons_an_http_call_in_flight_within_seconds(celery_workers, workspace, slow_server):

@@ -22,6 +22,16 @@ def credential_key(settings) -> str:
     return key
 
 
+@pytest.fixture
+def admin_client(client, django_user_model):
+    """A client logged in to the admin as superuser ``root`` (audited as ``user:root``)."""
+    staff = django_user_model.objects.create_superuser(
+        username="root", password="pw-root", email="root@example.com"
+    )
+    client.force_login(staff)
+    return client
+
+
 # --- real MCP servers (mcp_http is the suite's: tests/conftest.py) ----------------------
 
 

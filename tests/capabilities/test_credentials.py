@@ -415,15 +415,6 @@ def test_api_admin_deletes(api, workspace):
 # --- admin -----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def admin_client(client, django_user_model):
-    staff = django_user_model.objects.create_superuser(
-        username="root", password="pw-root", email="root@example.com"
-    )
-    client.force_login(staff)
-    return client
-
-
 def test_admin_creates_a_credential_write_only(admin_client, workspace):
     added = admin_client.post(
         "/admin/capabilities/credential/add/",

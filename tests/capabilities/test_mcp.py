@@ -594,15 +594,6 @@ def test_api_rejects_invalid_servers(api, workspace):
 # --- admin -----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def admin_client(client, django_user_model):
-    staff = django_user_model.objects.create_superuser(
-        username="root", password="pw-root", email="root@example.com"
-    )
-    client.force_login(staff)
-    return client
-
-
 def test_admin_harvests_reapproves_and_sets_risk(admin_client, workspace, own_mcp_http):
     server = _http(workspace, own_mcp_http)
     changelist = "/admin/capabilities/mcpserver/"

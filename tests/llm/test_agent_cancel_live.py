@@ -8,10 +8,6 @@ not wait for it: the run ends ``cancelled`` within seconds, the step
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
 
 from audit.models import AuditEvent
@@ -61,36 +57,6 @@ def test_cancel_abandons_an_llm_call_in_flight(llm, agent_worker, workspace):
 
     assert llm.answered == 0  # the model still holds its answer: the call was abandoned, not waited for
     assert payload["interrupted"] == "turn 1: the LLM call was abandoned in flight: the run was cancelled"
-
-
-class _Held(BaseHTTPRequestHandler):
-    """Takes the request, then holds the answer for up to 60 s (or until the test ends)."""
-
-    def do_GET(self):
-        self.server.arrived.set()
-        self.server.release.wait(60)
-        try:
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"{}")
-        except OSError:  # the caller abandoned the call
-            pass
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def slow_server() -> Iterator[ThreadingHTTPServer]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Held)
-    server.arrived, server.release = threading.Event(), threading.Event()
-    server.url = f"http://127.0.0.1:{server.server_address[1]}/slow"
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.release.set()
-    server.shutdown()
-    server.server_close()
 
 
 def test_cancel_interrupts_a_tool_call_in_flight(llm, agent_worker, workspace, slow_server):
