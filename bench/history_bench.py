@@ -333,8 +333,8 @@ def _drop_secondary_indexes() -> list[str]:
 
 
 def restore_indexes(out=print) -> list[str]:
-    """Build again every index a seed dropped (each in one transaction with its record), biggest
-    table last; PostgreSQL only. Returns their names."""
+    """Build again every index a seed dropped, each in one transaction with the deletion of its
+    record; PostgreSQL only. Returns their names."""
     if connection.vendor != "postgresql":
         return []
     with connection.cursor() as cursor:
