@@ -144,8 +144,9 @@ class AuditEvent(models.Model):
     # digests cost ~1 KB per run and no query looks an event up by its hash alone.
     hash = HexHashField(null=True, blank=True)
     # sha256 of the entry's content, sealed at append (see audit.writer.entry_hash):
-    # the sequencer refuses to chain an entry whose content no longer matches it.
-    # Empty only on entries written before the sequencer existed (chained at append).
+    # the sequencer refuses to chain an entry whose content no longer matches it, and clears
+    # it when it chains the entry (the hash covers the same content from then on; migration
+    # 0012). Set on waiting entries, and on entries sequenced before 0012.
     entry_hash = HexHashField(blank=True, default="")
 
     class Meta:

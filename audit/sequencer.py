@@ -62,7 +62,8 @@ def _lock_head(chain: str) -> AuditChainHead | None:
 
 
 def _fill(rows: list[tuple[int, int, str, str]]) -> int:
-    """Set (seq, prev_hash, hash) on still-unsequenced rows in one statement; returns the rows changed."""
+    """Set (seq, prev_hash, hash) and clear entry_hash on still-unsequenced rows in one statement;
+    returns the rows changed."""
     values = ", ".join(["(%s, %s, %s, %s)"] * len(rows))
     # The hashes go in as bytes (audit.models.HexHashField's storage).
     params = [
@@ -70,15 +71,17 @@ def _fill(rows: list[tuple[int, int, str, str]]) -> int:
         for event_id, seq, prev_hash, digest in rows
         for v in (event_id, seq, bytes.fromhex(prev_hash), bytes.fromhex(digest))
     ]
+    # entry_hash is cleared: the seal was needed only while the entry waited (the hash covers
+    # the same content from now on); the guard allows exactly this in the fill (migration 0012).
     if connection.vendor == "postgresql":
-        fill = "SET seq = v.seq, prev_hash = v.prev_hash, hash = v.hash"
+        fill = "SET seq = v.seq, prev_hash = v.prev_hash, hash = v.hash, entry_hash = '\\x'::bytea"
         sql = f"UPDATE audit_auditevent AS e {fill} FROM (VALUES {values}) AS v(id, seq, prev_hash, hash) "  # noqa: S608
         sql += "WHERE e.id = v.id::bigint AND e.seq IS NULL"
     else:
         # (SQLite names VALUES columns column1..4; and Python's sqlite3 counts rows only for a leading UPDATE.)
         renamed = "SELECT column1 AS id, column2 AS seq, column3 AS prev_hash, column4 AS hash FROM "
         renamed += f"(VALUES {values})"
-        sql = "UPDATE audit_auditevent SET seq = v.seq, prev_hash = v.prev_hash, hash = v.hash "
+        sql = "UPDATE audit_auditevent SET seq = v.seq, prev_hash = v.prev_hash, hash = v.hash, entry_hash = X'' "
         sql += f"FROM ({renamed}) AS v WHERE audit_auditevent.id = v.id AND audit_auditevent.seq IS NULL"
     with connection.cursor() as cursor:
         cursor.execute(sql, params)

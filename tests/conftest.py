@@ -55,6 +55,7 @@ def _patch_sqlite_flush() -> None:
     guard = importlib.import_module("audit.migrations.0005_sequencer")
     checkpoints = importlib.import_module("audit.migrations.0006_checkpoint_delete_guard")
     anchored = importlib.import_module("audit.migrations.0008_truncation_anchor_guard")
+    cleared = importlib.import_module("audit.migrations.0012_fill_clears_entry_hash")
     original = DatabaseOperations.sql_flush
 
     def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
@@ -64,7 +65,7 @@ def _patch_sqlite_flush() -> None:
         if not statements or not {"audit_auditevent", "audit_auditcheckpoint"} & set(tables):
             return statements
         return [*guard.SQLITE_REMOVE, *checkpoints.SQLITE_REMOVE, *statements, *guard.SQLITE_INSTALL,
-                *anchored.SQLITE_INSTALL, *checkpoints.SQLITE_INSTALL]  # fmt: skip
+                *anchored.SQLITE_INSTALL, *cleared.SQLITE_INSTALL, *checkpoints.SQLITE_INSTALL]  # fmt: skip
 
     sql_flush.keeps_audit_guard = True
     DatabaseOperations.sql_flush = sql_flush

@@ -15,7 +15,7 @@ from audit.models import AuditChainHead, AuditCheckpoint, AuditEvent
 _guard = importlib.import_module("audit.migrations.0005_sequencer")
 _anchor_guard = importlib.import_module("audit.migrations.0008_truncation_anchor_guard")
 _checkpoint_guard = importlib.import_module("audit.migrations.0006_checkpoint_delete_guard")
-_json_guard = importlib.import_module("audit.migrations.0010_json_text")
+_current_guard = importlib.import_module("audit.migrations.0012_fill_clears_entry_hash")
 
 
 @pytest.fixture(autouse=True)
@@ -60,10 +60,11 @@ def _install_guard() -> None:
         if connection.vendor == "postgresql":
             cursor.execute(_guard.PG_REMOVE)
             cursor.execute(_anchor_guard.PG_INSTALL)
-            cursor.execute(_json_guard.PG_GUARD)  # its function as it is now (json compared as text)
+            cursor.execute(_current_guard.PG_GUARD)  # its function as it is now
             cursor.execute(_checkpoint_guard.PG_INSTALL)
         else:
             statements = _guard.SQLITE_REMOVE + _guard.SQLITE_INSTALL + _anchor_guard.SQLITE_INSTALL
+            statements += _current_guard.SQLITE_INSTALL
             for statement in statements + _checkpoint_guard.SQLITE_INSTALL:
                 cursor.execute(statement)
 

@@ -107,6 +107,27 @@ def test_the_database_refuses_changes_but_the_one_time_fill(tamper):
 
 
 @pytest.mark.django_db
+def test_the_fill_clears_the_entry_hash_and_the_guard_allows_only_that(tamper):
+    first, second = _append(2)
+    tamper.restore()
+    # the seal alone, outside a fill: refused (cleared, or replaced)
+    _refused("UPDATE audit_auditevent SET entry_hash = %s WHERE id = %s", [b"", first.id])
+    _refused("UPDATE audit_auditevent SET entry_hash = %s WHERE id = %s", [b"\xcc" * 32, first.id])
+    # a fill that replaces the seal instead of clearing it: refused
+    _refused(
+        "UPDATE audit_auditevent SET seq = 1, prev_hash = %s, hash = %s, entry_hash = %s WHERE id = %s",
+        [bytes(32), b"\xaa" * 32, b"\xcc" * 32, first.id],
+    )
+    assert AuditEvent.objects.get(pk=first.id).entry_hash  # waiting: still sealed
+    sequence_pending()
+    # chained: the seal is gone, the hash covers the content
+    assert [e.entry_hash for e in AuditEvent.objects.filter(pk__in=[first.id, second.id])] == ["", ""]
+    # ... and cannot come back
+    _refused("UPDATE audit_auditevent SET entry_hash = %s WHERE id = %s", [b"\xcc" * 32, first.id])
+    assert verify_chain("ws-1").ok
+
+
+@pytest.mark.django_db
 def test_an_altered_waiting_entry_is_reported_and_never_chained(tamper):
     # given three waiting entries, the second altered behind the database's back
     events = _append(3)
