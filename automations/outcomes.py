@@ -66,6 +66,7 @@ class RunRecorder:
             list[tuple[one_round_trip.Statement, Callable[[one_round_trip.Result], None] | None]] | None
         )
         self._kept = None
+        self._commit_with_end = False
         self.execution = run.snapshot.get("execution") or {}
         # The definition's own autonomy, else the workspace's default as it is now: resolved
         # each time a worker takes the run, never frozen into the definition (docs/concepts.md).
@@ -177,9 +178,12 @@ class RunRecorder:
 
         Only inside a transaction that holds the run's row (the claim's, ``Executor.begin``)
         and on PostgreSQL; the caller ends it with :meth:`_flush_run` before the commit.
+        When that transaction is the caller's own (not a savepoint in someone else's), the
+        run's end also carries its ``COMMIT``: one round trip fewer.
         """
         if connection.vendor == "postgresql":
             self._kept = []
+            self._commit_with_end = len(connection.atomic_blocks) == 1
 
     def _end_run(self, fields: dict[str, Any]) -> None:
         """The run's final UPDATE: at once, or kept for :meth:`_send_kept`, fenced all the same."""
@@ -189,7 +193,7 @@ class RunRecorder:
         check_transition(self.run.status, fields["status"])
         fields = {**self._pending, **fields}
         self._pending = {}
-        self._kept.append((self._run_update(fields), self._fenced))
+        self._kept.append((self._run_update(fields), None))
         error = fields.get("error") or {}
         log_change(self.run.pk, fields["status"], old=self.run.status,
                    detail=f"{error.get('code', '')} {error.get('message', '')}".strip()[:200])  # fmt: skip
@@ -197,24 +201,21 @@ class RunRecorder:
             setattr(self.run, name, value)
 
     def _run_update(self, fields: dict[str, Any]) -> one_round_trip.Statement:
+        """The fenced UPDATE, made to stop the query it is sent in when its fence misses."""
         fence = Run.objects.filter(pk=self.run.pk, claimed_by=self.me, status=self.run.status)
-        return one_round_trip.update(fence, fields, using=connection.alias)
+        return one_round_trip.one_row(one_round_trip.update(fence, fields, using=connection.alias))
 
-    def _fenced(self, result: one_round_trip.Result) -> None:
-        if result[0] != 1:
-            # The statements sent with it went through: none of them may commit.
-            transaction.set_rollback(True)
-            raise LostClaim(str(self.run.pk))
-
-    def _send_kept(self) -> None:
+    def _send_kept(self, *, last: bool = False) -> None:
         """Send the writes kept back, the run's pending fields, the new step rows and the audit
-        entries so far in one round trip; then check each fence (a miss rolls all of it back)."""
+        entries so far in one round trip. A fence that misses stops the query there, and the
+        whole transaction (the claim too) rolls back. ``last``: nothing follows in this
+        transaction (the run's end): its COMMIT goes in the same query when it may."""
         if not self._kept and not (self._kept is not None and self._pending):
             return
         assert self._kept is not None
         kept, self._kept = self._kept, []
         if self._pending:
-            kept.append((self._run_update(self._pending), self._fenced))
+            kept.append((self._run_update(self._pending), None))
             self._pending = {}
         rows = self._unsaved_steps
         if rows:
@@ -229,7 +230,12 @@ class RunRecorder:
         audit = writer.batch_statement()
         if audit is not None:
             kept.append((audit, None))
-        results = one_round_trip.send([statement for statement, _ in kept], using=connection.alias)
+        try:
+            results = one_round_trip.send([statement for statement, _ in kept], using=connection.alias,
+                                          commit=last and self._commit_with_end)  # fmt: skip
+        except one_round_trip.FenceMissed:
+            transaction.set_rollback(True)  # what ran before the miss must not commit
+            raise LostClaim(str(self.run.pk)) from None
         for (_, check), result in zip(kept, results, strict=True):
             if check is not None:
                 check(result)
@@ -416,7 +422,7 @@ class RunRecorder:
                     events.publish(**event)
                 else:  # its subscriber check is part of its INSERT, sent with the run's other final writes
                     self._kept.append(events.publish_statement(**event))
-            self._send_kept()
+            self._send_kept(last=True)
         run_settled(self.run)
 
 

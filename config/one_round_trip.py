@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, DataError, connections
 from django.db.models import Model, QuerySet
 from django.db.models.sql import InsertQuery, UpdateQuery
 
@@ -109,27 +109,63 @@ def insert_many(objs: list[Model], using: str = "default") -> Statement:
 
 
 Result = tuple[int, list[tuple[Any, ...]] | None]
+_FENCE_MISSED = "one_round_trip: the fence missed"
 
 
-def send(statements: list[Statement], using: str = "default") -> list[Result]:
+class FenceMissed(DatabaseError):
+    """An UPDATE made :func:`one_row` changed no row (or several): the query stopped there."""
+
+
+def one_row(update: Statement) -> Statement:
+    """``update`` (an UPDATE statement) made to stop the query unless it changes exactly one row.
+
+    For a fence checked *before* what follows it in the query runs, e.g. before a
+    ``COMMIT`` sent with it (:func:`send`, ``commit=True``): the statement fails, so
+    the query stops and its transaction rolls back; :func:`send` raises
+    :class:`FenceMissed`. (The cast fails only on the branch taken, which depends on
+    the row count, so it is never folded into a constant when planned.)
+    """
+    sql, params = update
+    return (
+        f"WITH changed AS ({sql} RETURNING 1) SELECT CASE WHEN count(*) = 1 THEN 1"  # noqa: S608
+        f" ELSE ('{_FENCE_MISSED}: ' || count(*) || ' rows')::int END FROM changed",
+        params,
+    )
+
+
+def send(statements: list[Statement], using: str = "default", *, commit: bool = False) -> list[Result]:
     """Send ``statements`` in one query inside the current transaction: one round trip.
 
     Returns each statement's row count and rows (None for a statement returning none),
-    in order. A statement that fails fails the query: the caller's transaction is then
-    broken and rolls back, so the statements before it are undone too. PostgreSQL only.
+    in order. A statement that fails fails the query, and the statements after it are
+    not run: the caller's transaction is then broken and rolls back, so the statements
+    before it are undone too. PostgreSQL only.
+
+    ``commit``: the query ends with ``COMMIT``, saving the commit's own round trip; only
+    for a caller whose transaction has nothing left to write, and whose checks were made
+    in SQL (:func:`one_row`), as a row count read afterwards comes too late to stop the
+    commit. Django's atomic block then commits nothing more (psycopg sends no ``COMMIT``
+    when no transaction is open) and runs its ``on_commit`` callbacks as usual.
     """
     connection = connections[using]
     if connection.vendor != "postgresql" or not connection.in_atomic_block:
         raise RuntimeError("one_round_trip.send needs PostgreSQL inside an atomic block")
-    sql = ";\n".join(statement for statement, _ in statements)
+    sql = ";\n".join([statement for statement, _ in statements] + (["COMMIT"] if commit else []))
     params = [param for _, statement_params in statements for param in statement_params]
     results: list[Result] = []
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        while True:
-            results.append((cursor.rowcount, cursor.fetchall() if cursor.description else None))
-            if not cursor.nextset():
-                break
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            while True:
+                results.append((cursor.rowcount, cursor.fetchall() if cursor.description else None))
+                if not cursor.nextset():
+                    break
+    except DataError as exc:
+        if _FENCE_MISSED in str(exc):
+            raise FenceMissed(str(exc)) from exc
+        raise
+    if commit:
+        results.pop()
     if len(results) != len(statements):
         raise RuntimeError(f"{len(statements)} statements sent, {len(results)} results")
     return results

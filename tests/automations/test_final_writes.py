@@ -1,8 +1,8 @@
 """The run's final writes in one round trip (issue 11, PostgreSQL): the run's end, its new
-step rows, its event and its audit entries are one multi-statement query inside the
-claim's transaction. All of it commits with the claim or none of it does: a statement
-that fails, or a fence that misses, leaves the run as if never claimed, and the next
-claim runs it once. The real executor on a real database; a database trigger makes
+step rows, its event, its audit entries and the COMMIT are one multi-statement query
+ending the claim's transaction. All of it commits with the claim or none of it does: a
+statement that fails, or a fence that misses (checked in SQL, before the COMMIT), leaves
+the run as if never claimed, and the next claim runs it once. The real executor on a real database; a database trigger makes
 one statement of the query fail."""
 
 from __future__ import annotations
@@ -67,8 +67,10 @@ def test_a_one_step_run_sends_its_final_writes_in_one_query(workspace):
     with connection.execute_wrapper(count):
         assert executor.execute_run(str(run.pk)) == RunStatus.SUCCEEDED
 
-    assert len(sent) == 2, sent  # the claim; then the run's end, step row, event and audit entries
-    assert sent[1].count(";\n") == 3, sent[1]
+    assert len(sent) == 2, sent  # the claim; then the run's end, step row, event, audit entries, COMMIT
+    assert sent[1].count(";\n") == 4, sent[1]
+    assert sent[1].endswith(";\nCOMMIT"), sent[1]
+    assert not connection.in_atomic_block
     assert traces(run) == {"steps": 1, "events": 1,
                            "audit": ["event.published", "run.started", "run.succeeded", "step.started",
                                      "step.succeeded"]}  # fmt: skip
