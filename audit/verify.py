@@ -181,13 +181,40 @@ def verify_chain(chain: str, *, since_checkpoint: bool = False) -> VerifyResult:
     last_id = None
     hashes = _ChainHasher(chain)
     first_seq, last_seq = None, expected_seq - 1
+    # The SQL walk returns only the rows that need a look; the checkpointed rows among the others
+    # are read by seq (an index probe each), so checking them costs the checkpoints, not the rows.
+    signed_rows: dict[int, tuple[int, bytes]] = {}
+
+    def settle(upto: int) -> VerifyResult | None:
+        """The checkpoints below ``upto`` whose rows the SQL walk passed without returning them."""
+        nonlocal pending
+        while (
+            pending < len(checkpoints)
+            and checkpoints[pending].seq < upto
+            and checkpoints[pending].seq in signed_rows
+        ):
+            cp = checkpoints[pending]
+            event_id, stored = signed_rows[cp.seq]
+            if signed_hashes[pending] != stored:
+                return broken(
+                    f"hash differs from the one signed in checkpoint #{cp.id}",
+                    event_id=event_id,
+                    seq=cp.seq,
+                    checkpoint_id=cp.id,
+                )
+            result.checkpoints += 1
+            pending += 1
+        return None
+
     if connection.vendor == "postgresql":
-        watch = sorted({cp.seq for cp in checkpoints[pending:]} | ({head[0]} if head is not None else set()))
-        walk = _sql_walk(chain, expected_seq, sealed_from, watch)
+        signed_rows = _rows_at(chain, sorted({cp.seq for cp in checkpoints[pending:]}))
+        walk = _sql_walk(chain, expected_seq, sealed_from, head[0] if head is not None else 0)
     else:
         walk = _python_walk(chain, expected_seq)
     with closing(walk) as rows:
         for event_id, seq, stored, prev, sealed, content, hash_ok, entry_ok, before in rows:
+            if failed := settle(seq):
+                return failed
             # ``before``: (seq, hash) of the row preceding this one in the walk, None for the first.
             want_seq, want_link = (expected_seq, link) if before is None else (before[0] + 1, before[1])
             if seq != want_seq:
@@ -240,6 +267,8 @@ def verify_chain(chain: str, *, since_checkpoint: bool = False) -> VerifyResult:
             last_seq, last_id = seq, event_id
     # Every row between the first and the last was seen (a gap would have broken the walk).
     result.events += 0 if first_seq is None else last_seq - first_seq + 1
+    if failed := settle(last_seq + 1):
+        return failed
 
     if pending < len(checkpoints):
         cp = checkpoints[-1]
@@ -317,7 +346,18 @@ def _composed(chain: str, *, chained: bool) -> tuple[str, list[str]]:
     return f"sha256(convert_to({' || '.join(parts)}, 'UTF8'))", [_encode_string(chain)]
 
 
-def _sql_walk(chain: str, start: int, sealed_from: int, watch: list[int]) -> Iterator[tuple]:
+def _rows_at(chain: str, seqs: list[int]) -> dict[int, tuple[int, bytes]]:
+    """``{seq: (id, hash)}`` of the chain's rows at ``seqs`` (those that exist), by the (chain, seq) index."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT e.seq, e.id, e.hash FROM unnest(%s::bigint[]) AS s(seq)"
+            " JOIN audit_auditevent e ON e.chain = %s AND e.seq = s.seq",
+            [seqs, chain],
+        )
+        return {seq: (event_id, stored) for seq, event_id, stored in cursor.fetchall()}
+
+
+def _sql_walk(chain: str, start: int, sealed_from: int, head_seq: int) -> Iterator[tuple]:
     """The chain's sequenced rows from ``start`` checked by PostgreSQL (PostgreSQL only).
 
     One pass over the (chain, seq) index: each row's canonical JSON is composed in SQL and
@@ -326,7 +366,7 @@ def _sql_walk(chain: str, start: int, sealed_from: int, watch: list[int]) -> Ite
     a look come back, as :func:`_python_walk` yields them: the first and the last, any whose
     digest differs (the Python checks then decide: a row whose stored JSON text is not the
     canonical one but whose value is intact passes there), any not following its
-    predecessor (a gap or a broken link), and the rows at ``watch`` (checkpoints, the head).
+    predecessor (a gap or a broken link), and the row at ``head_seq`` (the head row's).
     """
     event, event_params = _composed(chain, chained=True)
     entry, entry_params = _composed(chain, chained=False)
@@ -343,10 +383,10 @@ def _sql_walk(chain: str, start: int, sealed_from: int, watch: list[int]) -> Ite
             WINDOW w AS (ORDER BY seq)
         ) v
         WHERE NOT hash_ok OR NOT entry_ok OR before_seq IS NULL OR last OR seq <> before_seq + 1
-              OR prev_hash IS DISTINCT FROM before_hash OR seq = ANY(%s)
+              OR prev_hash IS DISTINCT FROM before_hash OR seq = %s
         ORDER BY seq
     """  # noqa: S608 (no value is formatted into it)
-    params = [*event_params, sealed_from, *entry_params, chain, start, watch]
+    params = [*event_params, sealed_from, *entry_params, chain, start, head_seq]
     with transaction.atomic(using=connection.alias), connection.chunked_cursor() as cursor:
         cursor.execute(sql, params)
         while rows := cursor.fetchmany(_CHUNK):

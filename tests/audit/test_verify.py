@@ -516,3 +516,32 @@ def test_key_lookups_on_refs_and_payload_still_work():
         event.id
     ]
     assert not AuditEvent.objects.filter(refs__step="b").exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("checkpoints", [1, 300])
+def test_a_consistently_rewritten_tail_is_caught_by_a_checkpoint_in_the_middle(tamper, checkpoints):
+    """Rows rewritten with every hash and link recomputed pass every per-row check (PostgreSQL's
+    walk returns none of them); the signed checkpoint at seq 3 still names the old hash."""
+    events = _events(3)
+    for _ in range(checkpoints):  # many checkpoints of one head: each is checked
+        checkpoint_write("ws-1")
+    _events(3)
+    rows = list(AuditEvent.objects.filter(chain="ws-1").order_by("seq"))
+    prev = rows[1].hash
+    with connection.cursor() as cursor:
+        for n, row in enumerate(rows[2:]):
+            fields = {name: getattr(row, name) for name in writer.HASHED_FIELDS}
+            if n == 0:
+                fields["payload"] = {"i": 999}
+                tamper.set_json_text(row.id, "payload", writer.canonical_json({"i": 999}))
+            fields["prev_hash"] = prev
+            prev = writer.event_hash(fields)
+            cursor.execute(
+                "UPDATE audit_auditevent SET prev_hash = %s, hash = %s WHERE id = %s",
+                [bytes.fromhex(fields["prev_hash"]), bytes.fromhex(prev), row.id],
+            )
+        cursor.execute("UPDATE audit_auditchainhead SET head_hash = %s WHERE chain = 'ws-1'", [prev])
+    result = verify_chain("ws-1")
+    assert (result.broken.event_id, result.broken.seq) == (events[2].id, 3), result.summary()
+    assert "signed in checkpoint" in result.broken.reason
