@@ -109,7 +109,7 @@ class VerifyResult:
         self.broken = self.broken or other.broken
 
 
-def verify_chain(chain: str, *, since_checkpoint: bool = False) -> VerifyResult:
+def verify_chain(chain: str, *, since_checkpoint: bool = False, jobs: int = 1) -> VerifyResult:
     """Verify one chain; ``result.broken`` names the first broken link.
 
     ``since_checkpoint``: walk only from the chain's newest checkpoint on (its signature,
@@ -118,6 +118,9 @@ def verify_chain(chain: str, *, since_checkpoint: bool = False) -> VerifyResult:
     rows and older checkpoints, is taken as the last full verification left it, so a
     nightly run costs the day's events; run a full one regularly too, since only it
     recomputes the older rows and re-checks every signature.
+
+    ``jobs`` (PostgreSQL, outside a transaction): a long chain's walk is cut into that many
+    ranges of seq, walked at once by as many processes; the result is the same.
     """
     result = VerifyResult(chains=[chain])
 
@@ -208,7 +211,12 @@ def verify_chain(chain: str, *, since_checkpoint: bool = False) -> VerifyResult:
 
     if connection.vendor == "postgresql":
         signed_rows = _rows_at(chain, sorted({cp.seq for cp in checkpoints[pending:]}))
-        walk = _sql_walk(chain, expected_seq, sealed_from, head[0] if head is not None else 0)
+        head_seq = head[0] if head is not None else 0
+        ranges = _ranges(expected_seq, head_seq, jobs if not connection.in_atomic_block else 1)
+        if len(ranges) > 1:
+            walk = _parallel_walk(chain, ranges, sealed_from, head_seq)
+        else:
+            walk = _sql_walk(chain, expected_seq, sealed_from, head_seq)
     else:
         walk = _python_walk(chain, expected_seq)
     with closing(walk) as rows:
@@ -357,7 +365,55 @@ def _rows_at(chain: str, seqs: list[int]) -> dict[int, tuple[int, bytes]]:
         return {seq: (event_id, stored) for seq, event_id, stored in cursor.fetchall()}
 
 
-def _sql_walk(chain: str, start: int, sealed_from: int, head_seq: int) -> Iterator[tuple]:
+# A range of a chain's walk worth its own process: below this the fork costs more than it saves.
+_RANGE_MIN = 100_000
+
+
+def _ranges(start: int, head_seq: int, jobs: int) -> list[tuple[int, int | None]]:
+    """``[start, b1), [b1, b2), …, [bk, end)`` of about equal size up to the head (the last one
+    open: rows sequenced after the head was read are walked too)."""
+    parts = max(1, min(jobs, (head_seq - start + 1) // _RANGE_MIN))
+    if parts == 1:
+        return [(start, None)]
+    size = (head_seq - start + 1) // parts
+    bounds = [start + k * size for k in range(parts)]
+    return [(lo, hi) for lo, hi in zip(bounds, [*bounds[1:], None], strict=True)]
+
+
+def _parallel_walk(
+    chain: str, ranges: list[tuple[int, int | None]], sealed_from: int, head_seq: int
+) -> Iterator[tuple]:
+    """:func:`_sql_walk` over ``ranges`` at once, one process each, yielded as one walk would.
+
+    Each range's last row is among those returned, so the first row of the next range gets
+    it as its predecessor here (a range that returned nothing leaves the row before it, and
+    the seq gap shows)."""
+    connections.close_all()  # fork with no connection open (none of the children shares its socket)
+    with multiprocessing.get_context("fork").Pool(len(ranges), initializer=_child_init) as pool:
+        parts = pool.map(
+            functools.partial(_walk_range, chain, sealed_from=sealed_from, head_seq=head_seq), ranges
+        )
+    last = None
+    for rows in parts:
+        for n, row in enumerate(rows):
+            if n == 0 and last is not None:
+                row = (*row[:8], (last[1], last[2]))
+            yield row
+            last = row
+
+
+def _walk_range(
+    chain: str, bounds: tuple[int, int | None], *, sealed_from: int, head_seq: int
+) -> list[tuple]:
+    try:
+        return list(_sql_walk(chain, bounds[0], sealed_from, head_seq, end=bounds[1]))
+    finally:
+        connections.close_all()
+
+
+def _sql_walk(
+    chain: str, start: int, sealed_from: int, head_seq: int, *, end: int | None = None
+) -> Iterator[tuple]:
     """The chain's sequenced rows from ``start`` checked by PostgreSQL (PostgreSQL only).
 
     One pass over the (chain, seq) index: each row's canonical JSON is composed in SQL and
@@ -379,14 +435,22 @@ def _sql_walk(chain: str, start: int, sealed_from: int, head_seq: int) -> Iterat
                         THEN coalesce({entry} = entry_hash, false) ELSE true END AS entry_ok,
                    lag(seq) OVER w AS before_seq, lag(hash) OVER w AS before_hash,
                    lead(seq) OVER w IS NULL AS last
-            FROM audit_auditevent e WHERE chain = %s AND seq >= %s
+            FROM audit_auditevent e WHERE chain = %s AND seq >= %s AND seq < %s
             WINDOW w AS (ORDER BY seq)
         ) v
         WHERE NOT hash_ok OR NOT entry_ok OR before_seq IS NULL OR last OR seq <> before_seq + 1
               OR prev_hash IS DISTINCT FROM before_hash OR seq = %s
         ORDER BY seq
     """  # noqa: S608 (no value is formatted into it)
-    params = [*event_params, sealed_from, *entry_params, chain, start, head_seq]
+    params = [
+        *event_params,
+        sealed_from,
+        *entry_params,
+        chain,
+        start,
+        2**63 - 1 if end is None else end,
+        head_seq,
+    ]
     with transaction.atomic(using=connection.alias), connection.chunked_cursor() as cursor:
         cursor.execute(sql, params)
         while rows := cursor.fetchmany(_CHUNK):
@@ -525,14 +589,19 @@ def verify_all(
     ``jobs``: chains verified at once, each in its own process (PostgreSQL only; ``None``
     picks one per CPU outside a transaction, where a child's new connection sees the same
     data). The result is the same as one at a time: the counts of every chain, or the
-    first broken chain in name order.
+    first broken chain in name order. With fewer chains than jobs, each chain's walk is
+    cut into ranges walked at once instead (:func:`verify_chain`'s ``jobs``).
     """
     names = all_chains() if chains is None else sorted(set(chains))
     if jobs is None:
         jobs = (os.cpu_count() or 1) if not connection.in_atomic_block else 1
+    per_chain = jobs if len(names) < jobs else 1
     jobs = min(jobs, len(names))
     results: Iterable[VerifyResult]
-    if jobs > 1 and connection.vendor == "postgresql" and not connection.in_atomic_block:
+    if per_chain > 1:
+        pool = None
+        results = (verify_chain(chain, since_checkpoint=since_checkpoint, jobs=per_chain) for chain in names)
+    elif jobs > 1 and connection.vendor == "postgresql" and not connection.in_atomic_block:
         # Fork with no connection open, so that no child shares the parent's socket.
         connections.close_all()
         pool = multiprocessing.get_context("fork").Pool(jobs, initializer=_child_init)

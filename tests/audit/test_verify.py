@@ -545,3 +545,28 @@ def test_a_consistently_rewritten_tail_is_caught_by_a_checkpoint_in_the_middle(t
     result = verify_chain("ws-1")
     assert (result.broken.event_id, result.broken.seq) == (events[2].id, 3), result.summary()
     assert "signed in checkpoint" in result.broken.reason
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="ranges are walked in parallel on PostgreSQL only"
+)
+def test_one_chain_walked_in_parallel_ranges_gives_the_result_of_one_walk(tamper, monkeypatch):
+    monkeypatch.setattr(verify_module, "_RANGE_MIN", 3)
+    events = _events(10)
+    assert verify_module._ranges(1, 10, 3) == [(1, 4), (4, 7), (7, None)]
+    for jobs in (1, 3):
+        result = verify_all(jobs=jobs)
+        assert (result.ok, result.events, len(result.chains)) == (True, 10, 1)
+    # a row edited in the second range, then a range's first row deleted: reported as by one walk
+    tamper.set_json_text(events[4].id, "payload", '{"i":999}')
+    assert [(r.broken.event_id, r.broken.seq) for r in (verify_all(jobs=1), verify_all(jobs=3))] == [
+        (events[4].id, 5)
+    ] * 2
+    tamper.set_json_text(events[4].id, "payload", '{"i":4}')
+    assert verify_all(jobs=3).ok
+    tamper.delete_events([events[3].id])
+    broken = [verify_all(jobs=jobs).broken for jobs in (1, 3)]
+    assert [(b.event_id, b.seq) for b in broken] == [(events[4].id, 5)] * 2
+    assert "seq gap" in broken[1].reason
+    tamper.restore()
