@@ -56,3 +56,20 @@ def test_a_streaming_response_still_goes_chunk_by_chunk():
     assert all(m["more_body"] for m in bodies[:-1])
     assert not bodies[-1].get("more_body", False)
     assert b"".join(m["body"] for m in bodies) == css.read_bytes()
+
+
+def test_a_whole_response_is_queued_by_the_event_loop_without_a_hand_off_from_the_thread(monkeypatch):
+    from a2wsgi.wsgi import WSGIResponder
+
+    from ops import wsgi_adapter
+
+    def no_hand_off(*args, **kwargs):
+        raise AssertionError("the WSGI thread handed a message to the event loop")
+
+    monkeypatch.setattr(wsgi_adapter._Responder, "_flush", no_hand_off)
+    monkeypatch.setattr(WSGIResponder, "send", no_hand_off)
+
+    sent = _serve("GET", "/api/v1/no-such-thing")
+
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert sent[0]["status"] == 404
