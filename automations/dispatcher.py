@@ -19,7 +19,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import QuerySet
+from django.db.models import Model
 from django.utils import timezone
 from jsonschema import Draft202012Validator
 
@@ -74,9 +74,9 @@ class DispatchRequest:
     # The automation row when the caller already read it (a webhook's trigger lookup joins
     # it): dispatch then reads it again only under the concurrency lock, when there is one.
     automation: Automation | None = None
-    # An UPDATE (queryset, values) made in the transaction that creates the run (a
-    # trigger's ``last_fired_at``), so the caller needs no transaction of its own.
-    touch: tuple[QuerySet, dict[str, Any]] | None = None
+    # An UPDATE of one row (model, primary key, values) made in the transaction that creates
+    # the run (a trigger's ``last_fired_at``), so the caller needs no transaction of its own.
+    touch: tuple[type[Model], Any, dict[str, Any]] | None = None
 
 
 @dataclass
@@ -253,7 +253,8 @@ def dispatch(request: DispatchRequest) -> DispatchResult:
         if request.dedupe is not None:
             DispatchKey.objects.filter(scope=request.dedupe.scope, key=request.dedupe.key).update(run=run)
         if request.touch is not None:
-            request.touch[0].update(**request.touch[1])
+            model, pk, values = request.touch
+            model._default_manager.filter(pk=pk).update(**values)
         writer.append(**_created_event(request, automation, run, inputs, hold=hold))
         _created(request, automation, run, hold=hold)
     return DispatchResult(run=run, created=True)
@@ -275,7 +276,7 @@ def _create_in_one_round_trip(
     run = _new_run(request, automation, inputs, concurrency_key, trace_id, hold=False)
     statements = [one_round_trip.insert(run)]
     if request.touch is not None:
-        statements.append(one_round_trip.update(*request.touch))
+        statements.append(one_round_trip.update_row(*request.touch))
     statements.append(writer.statement(**_created_event(request, automation, run, inputs, hold=False)))
     one_round_trip.execute(statements)
     one_round_trip.mark_saved(run)

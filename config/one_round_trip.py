@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import DatabaseError, DataError, connections
-from django.db.models import Model, QuerySet
+from django.db.models import Field, Model, QuerySet
 from django.db.models.sql import InsertQuery, UpdateQuery
 
 Statement = tuple[str, list[Any]]
@@ -82,6 +82,37 @@ def update(queryset: QuerySet, values: dict[str, Any], using: str = "default") -
     query.add_update_values(values)
     sql, params = query.get_compiler(using=using).as_sql()
     return sql, list(params)
+
+
+# The text of ``UPDATE <table> SET <columns> WHERE <pk> = %s`` per (model, columns, alias).
+_update_row_sql: dict[tuple[type[Model], tuple[str, ...], str], str] = {}
+
+
+def update_row(model: type[Model], pk: Any, values: dict[str, Any], using: str = "default") -> Statement:
+    """The UPDATE ``model.objects.filter(pk=pk).update(**values)`` would send, its text compiled
+    once per model and columns; the values prepared as the compiler does (``get_db_prep_save``,
+    the key by its field). An expression among the values gets the full compilation."""
+    if any(hasattr(value, "resolve_expression") for value in values.values()):
+        return update(model._default_manager.filter(pk=pk), values, using)
+    key = (model, tuple(values), using)
+    sql = _update_row_sql.get(key)
+    if sql is None:
+        sql, params = update(model._default_manager.filter(pk=pk), values, using)
+        fields = [model._meta.get_field(name) for name in values]
+        if (
+            all(getattr(field, "get_placeholder", None) is None for field in fields)
+            and len(params) == len(values) + 1
+        ):
+            _update_row_sql[key] = sql
+        return sql, params
+    connection = connections[using]
+    meta = model._meta
+    prepared = []
+    for name, value in values.items():
+        field = meta.get_field(name)
+        assert isinstance(field, Field)  # a column: update() takes nothing else
+        prepared.append(field.get_db_prep_save(value, connection=connection))
+    return sql, [*prepared, meta.pk.get_db_prep_value(pk, connection)]
 
 
 def execute(statements: list[Statement], using: str = "default") -> None:

@@ -490,7 +490,7 @@ def _fire(trigger: Trigger, request: FireRequest, now: datetime) -> DispatchResu
                 triggered_by=f"webhook:{trigger.key}", dedupe=dedupe,
                 last_fired_at=trigger.last_fired_at or trigger.created_at,
                 principal_ids=webhook_principals(trigger), automation=trigger.automation,
-                touch=(Trigger.objects.filter(pk=trigger.pk), {"last_fired_at": now}),
+                touch=(Trigger, trigger.pk, {"last_fired_at": now}),
             )
         )  # fmt: skip
     except DispatchError as exc:

@@ -120,3 +120,19 @@ def test_the_insert_compiled_once_sends_what_the_compiler_writes_each_time(hook,
         assert cursor.mogrify(*cached) == cursor.mogrify(*compiled)
     one_round_trip.execute([cached])
     assert Run.objects.get(pk=run.pk).created_at == datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+
+
+def test_the_row_update_compiled_once_sends_what_queryset_update_writes(hook, monkeypatch):
+    automation, trigger, token = hook()
+    when = datetime(2026, 2, 3, 4, 5, 6, 789012, tzinfo=UTC)
+    monkeypatch.setattr(one_round_trip, "_update_row_sql", {})
+
+    compiled = one_round_trip.update_row(Trigger, trigger.pk, {"last_fired_at": when})
+    assert (Trigger, ("last_fired_at",), "default") in one_round_trip._update_row_sql
+    cached = one_round_trip.update_row(Trigger, str(trigger.pk), {"last_fired_at": when})  # a str key too
+    by_queryset = one_round_trip.update(Trigger.objects.filter(pk=trigger.pk), {"last_fired_at": when})
+
+    with connection.cursor() as cursor:
+        assert cursor.mogrify(*cached) == cursor.mogrify(*compiled) == cursor.mogrify(*by_queryset)
+    one_round_trip.execute([cached])
+    assert Trigger.objects.get(pk=trigger.pk).last_fired_at == when
