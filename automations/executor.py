@@ -82,8 +82,9 @@ class Executor(RunRecorder):
         The claim's UPDATE holds the run's row until then, so no cancel can arrive
         meanwhile and the run's own writes are merged into one statement
         (``row_locked``); on PostgreSQL the run's final UPDATE, its new step rows, its
-        event and its audit entries then go in one round trip (``keep_writes``), each
-        fence checked on its row count. False: the run left this worker.
+        event and its audit entries then go in one round trip (``keep_writes``), with
+        the COMMIT when the run ends here, each fence checked in SQL before it (a miss
+        rolls all of it back). False: the run left this worker.
         """
         self.row_locked = True
         self.keep_writes()  # the run's end, its new step rows, event and audit: one round trip

@@ -38,6 +38,7 @@ from .steps import ON_FAILURE, PLAN, definite_failure
 from .transitions import check_transition, log_change, skip_unreached
 
 DEFAULT_RUN_TIMEOUT = 3600.0
+_RUN_UPDATES: dict[tuple[str, ...], str] = {}  # the fenced run UPDATE's SQL by the fields it sets
 MAX_BACKOFF_SECONDS = 300.0
 
 
@@ -201,9 +202,24 @@ class RunRecorder:
             setattr(self.run, name, value)
 
     def _run_update(self, fields: dict[str, Any]) -> one_round_trip.Statement:
-        """The fenced UPDATE, made to stop the query it is sent in when its fence misses."""
-        fence = Run.objects.filter(pk=self.run.pk, claimed_by=self.me, status=self.run.status)
-        return one_round_trip.one_row(one_round_trip.update(fence, fields, using=connection.alias))
+        """The fenced UPDATE, made to stop the query it is sent in when its fence misses.
+
+        The statement ``Run.objects.filter(pk=…, claimed_by=…, status=…).update(**fields)``
+        sends, written without building and compiling a query each time (the values
+        adapted as the ORM's compiler adapts them: ``get_db_prep_save``)."""
+        sql = _RUN_UPDATES.get(tuple(fields))
+        if sql is None:
+            quote = connection.ops.quote_name
+            columns = ", ".join(f"{quote(Run._meta.get_field(name).column)} = %s" for name in fields)
+            sql = _RUN_UPDATES[tuple(fields)] = (
+                f"UPDATE {quote(Run._meta.db_table)} SET {columns}"  # noqa: S608 - names from the model
+                f" WHERE {quote('id')} = %s AND {quote('claimed_by')} = %s AND {quote('status')} = %s"
+            )
+        params = [
+            Run._meta.get_field(name).get_db_prep_save(value, connection) for name, value in fields.items()
+        ]
+        params += [Run._meta.pk.get_db_prep_value(self.run.pk, connection), self.me, self.run.status]
+        return one_round_trip.one_row((sql, params))
 
     def _send_kept(self, *, last: bool = False) -> None:
         """Send the writes kept back, the run's pending fields, the new step rows and the audit

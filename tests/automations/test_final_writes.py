@@ -170,3 +170,27 @@ def test_the_subscriber_check_in_the_event_insert_answers_as_the_python_check(wo
     assert executor.execute_run(str(unwatched.pk)) == RunStatus.SUCCEEDED
     assert DomainEvent.objects.get(parent_run_id=unwatched.pk).delivered_at is not None  # nothing to deliver
     assert queued == [str(subscribed.pk)]
+
+
+def test_a_run_held_behind_a_concurrency_limit_is_sent_once_the_query_committed_the_run_ahead(workspace,
+                                                                                              monkeypatch):  # fmt: skip
+    """The run's end commits inside its query; what follows in the worker (``run_settled``: the
+    next held run is let through) then writes in a transaction of its own, and commits too."""
+    sent: list[str] = []
+    monkeypatch.setattr(
+        "automations.enqueue.publish_run", lambda run_id, *args, **kwargs: sent.append(str(run_id))
+    )
+    automation = services.automation_create(workspace=workspace, definition=definition(
+        transform("greet", {"hi": 1}), execution={"concurrency": "allow_parallel", "max_concurrent": 1}))  # fmt: skip
+    first, held = (services.run_create(automation=automation, inputs={}).run for _ in range(2))
+    assert Run.objects.get(pk=held.pk).enqueued_at is None
+
+    assert executor.execute_run(str(first.pk)) == RunStatus.SUCCEEDED
+
+    assert not connection.in_atomic_block
+    assert Run.objects.get(pk=held.pk).enqueued_at is not None
+    assert sent[-1] == str(held.pk)
+    assert executor.execute_run(str(held.pk)) == RunStatus.SUCCEEDED
+    assert traces(held) == {"steps": 1, "events": 1,
+                            "audit": ["event.published", "run.started", "run.succeeded", "step.started",
+                                      "step.succeeded"]}  # fmt: skip
