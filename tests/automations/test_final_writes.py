@@ -22,6 +22,14 @@ pytestmark = [
     pytest.mark.skipif(connection.vendor != "postgresql", reason="one round trip: the PostgreSQL lane"),
 ]
 
+
+@pytest.fixture(autouse=True)
+def _no_publish(monkeypatch):
+    """The test drives every run itself: no execute_run message reaches a broker, where the
+    session's shared worker (left running by an earlier live test) would run it concurrently."""
+    monkeypatch.setattr("automations.enqueue.publish_run", lambda *args, **kwargs: None)
+
+
 FAIL_RUN_SUCCEEDED_AUDIT = """
 CREATE FUNCTION test_refuse_run_succeeded() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
