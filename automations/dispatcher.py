@@ -291,11 +291,10 @@ def _actor_refs(request: DispatchRequest, automation: Automation) -> dict[str, s
 def _new_run(request: DispatchRequest, automation: Automation, inputs: dict[str, Any], concurrency_key: str,
              trace_id: str, *, hold: bool) -> Run:  # fmt: skip
     snapshot = automation.definition
-    return Run(
+    run = Run(
         workspace_id=automation.workspace_id,
         automation=automation,
         automation_version=automation.version,
-        snapshot=snapshot,
         status=RunStatus.QUEUED,
         inputs=inputs,
         trigger_type=request.trigger_type,
@@ -311,6 +310,10 @@ def _new_run(request: DispatchRequest, automation: Automation, inputs: dict[str,
         queue=queue_for(snapshot, automation.workspace_id),
         enqueued_at=None if hold else timezone.now(),
     )
+    # The automation's definition is its current version's (automation_update stores each one):
+    # the run refers to that version instead of keeping a copy.
+    run.executes_version(snapshot)
+    return run
 
 
 def _created_event(request: DispatchRequest, automation: Automation, run: Run, inputs: dict[str, Any], *,

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 
 from workspaces.models import Workspace
@@ -102,7 +105,13 @@ class Run(models.Model):
     workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="runs", db_index=False)
     automation = models.ForeignKey(Automation, on_delete=models.CASCADE, related_name="runs", db_index=False)
     automation_version = models.PositiveIntegerField()
-    snapshot = models.JSONField(help_text="The exact definition this run executes.")
+    # The definition this run executes, when it is not its automation version's stored one (a
+    # run created with an explicit definition); NULL for a dispatched run, whose definition is
+    # AutomationVersion(automation, automation_version).definition. Read ``snapshot``, not this.
+    snapshot_copy = models.JSONField(
+        null=True, blank=True, db_column="snapshot",
+        help_text="The exact definition this run executes; empty: its automation version's definition.",
+    )  # fmt: skip
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.QUEUED)
     inputs = models.JSONField(default=dict, blank=True)
     trigger_type = models.CharField(max_length=16, default="manual")
@@ -167,6 +176,66 @@ class Run(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.id} ({self.status})"
+
+    @property
+    def snapshot(self) -> dict[str, Any]:
+        """The exact definition this run executes: its own copy, else its automation version's."""
+        if self.snapshot_copy is not None:
+            return self.snapshot_copy
+        definition = self.__dict__.get("_version_definition")
+        if definition is None:
+            definition = self.__dict__["_version_definition"] = version_definition(
+                self.automation_id, self.automation_version
+            )
+        return definition
+
+    @snapshot.setter
+    def snapshot(self, definition: dict[str, Any]) -> None:
+        """Give the run its own copy (``Run(snapshot=...)`` too): kept whatever it is."""
+        self.snapshot_copy = definition
+        self.__dict__.pop("_version_definition", None)
+
+    def executes_version(self, definition: dict[str, Any]) -> None:
+        """No copy: the run executes its automation version's stored ``definition`` (the caller's
+        object, the automation's current one, as the copy was; remembered for this process)."""
+        self.snapshot_copy = None
+        self.__dict__["_version_definition"] = definition
+        remember_version_definition(self.automation_id, self.automation_version, definition)
+
+
+# (automation id, version) -> that version's definition as JSON text, for the runs that keep no
+# copy. Versions are immutable (a changed definition is a new version, automation_update) and are
+# only deleted with their automation, whose runs go with them (CASCADE), so an entry never goes
+# stale. Text, parsed per run as the column was: no run can change another's dict.
+_VERSION_DEFINITIONS: dict[tuple[Any, int], str] = {}
+_VERSION_DEFINITIONS_MAX = 2048
+
+
+def remember_version_definition(automation_id: Any, version: int, definition: dict[str, Any]) -> None:
+    key = (automation_id, version)
+    if key not in _VERSION_DEFINITIONS:
+        if len(_VERSION_DEFINITIONS) >= _VERSION_DEFINITIONS_MAX:
+            _VERSION_DEFINITIONS.clear()
+        _VERSION_DEFINITIONS[key] = json.dumps(definition, cls=DjangoJSONEncoder)
+
+
+def version_definition(automation_id: Any, version: int) -> dict[str, Any]:
+    """Version ``version`` of the automation's definition: from this process's cache, else one query."""
+    text = _VERSION_DEFINITIONS.get((automation_id, version))
+    if text is None:
+        stored = AutomationVersion.objects.filter(automation_id=automation_id, version=version)
+        definition = stored.values_list("definition", flat=True).first()
+        if definition is None:  # an automation written without its version row: its current
+            # definition is still that version's while its version number has not moved on
+            current = Automation.objects.filter(pk=automation_id, version=version)
+            definition = current.values_list("definition", flat=True).first()
+        if definition is None:
+            raise LookupError(
+                f"automation {automation_id} has no stored version {version} for a run without a copy"
+            )
+        remember_version_definition(automation_id, version, definition)
+        return definition
+    return json.loads(text)
 
 
 class StepStatus(models.TextChoices):

@@ -314,7 +314,7 @@ def run_rerun(*, run: Run, user=None, from_step: str | None = None) -> Run:
                 context[plan[index]["output_as"]] = step_run.output.get("data")
     new = Run.objects.create(
         workspace_id=run.workspace_id, automation_id=run.automation_id, automation_version=run.automation_version,
-        snapshot=run.snapshot, inputs=run.inputs, trigger_type=run.trigger_type, trigger_key=run.trigger_key,
+        snapshot_copy=run.snapshot_copy, inputs=run.inputs, trigger_type=run.trigger_type, trigger_key=run.trigger_key,
         trigger_id=run.trigger_id, trigger_payload=run.trigger_payload, triggered_by=writer.actor_for(user),
         principal_ids=sorted({*run.principal_ids, *_principal(user)}), trace_id=uuid.uuid4().hex, parent_run=run,
         # Not an event hop: a re-run sits at the depth of the run it repeats, so its events count

@@ -38,7 +38,7 @@ from rest_framework.test import APIClient
 from audit.models import AuditChainHead, AuditEvent, HexHashField
 from audit.verify import verify_chain
 from audit.writer import HASHED_FIELDS, canonical_json, chain_for, event_hash
-from automations.models import Automation, Run, StepRun
+from automations.models import Automation, AutomationVersion, Run, StepRun
 from config.pagination import cursor_token
 from workspaces.models import Role, Workspace
 from workspaces.services import membership_set_role, workspace_get_or_create
@@ -84,6 +84,9 @@ def _world() -> tuple[list[Workspace], list[Automation], Any]:
         for a in range(len(have), AUTOMATIONS_PER_WORKSPACE):
             have.append(Automation.objects.create(workspace=workspace, name=f"sync {w}-{a:02d}",
                                                   definition=DEFINITION, created_by=user))  # fmt: skip
+        for automation in have:  # version 1 stored, as automation_create does: the runs refer to it
+            AutomationVersion.objects.get_or_create(automation=automation, version=1,
+                                                    defaults={"definition": DEFINITION, "created_by": user})  # fmt: skip
         automations += have
     return workspaces, automations, user
 
@@ -380,7 +383,7 @@ class _Plan:
     def write(self, mine):
         pg, heads = self.pg, self.heads
         run_table = _Table(Run, {
-            "automation_version": 1, "snapshot": DEFINITION, "queue": "automations_default",
+            "automation_version": 1, "snapshot_copy": None, "queue": "automations_default",
             "cost_usd": Decimal("0"), "step_index": 2,
         }, ("id", "workspace_id", "automation_id", "status", "inputs", "trace_id", "enqueued_at", "context",
             "output", "error", "created_at", "started_at", "finished_at"))  # fmt: skip

@@ -24,7 +24,7 @@ pytestmark = [
     pytest.mark.skipif(connection.vendor != "postgresql", reason="multi-statement queries: PostgreSQL"),
 ]
 
-SAME = ("workspace_id", "automation_id", "automation_version", "snapshot", "status", "trigger_type", "trigger_key",
+SAME = ("workspace_id", "automation_id", "automation_version", "snapshot_copy", "status", "trigger_type", "trigger_key",
         "trigger_id", "triggered_by", "principal_ids", "chain_depth", "concurrency_key", "queue",
         "phase", "step_index", "context", "cost_usd", "claimed_by", "parent_run_id")  # fmt: skip
 
@@ -58,6 +58,7 @@ def test_a_fire_outside_a_transaction_writes_the_rows_the_transaction_path_write
     atomic_run, atomic_event = _run_and_event(atomic_id)
     fast_run, fast_event = _run_and_event(fast_id)
     assert {k: fast_run[k] for k in SAME} == {k: atomic_run[k] for k in SAME}
+    assert fast_run["snapshot_copy"] is None  # both refer to the automation's version
     assert fast_run["inputs"] == fast_run["trigger_payload"] == {"n": 2}
     assert fast_run["enqueued_at"] is not None
     assert (fast_event.summary, fast_event.actor, fast_event.workspace_id, fast_event.trace_id) == (
