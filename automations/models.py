@@ -180,14 +180,16 @@ class Run(models.Model):
     @property
     def snapshot(self) -> dict[str, Any]:
         """The exact definition this run executes: its own copy, else its automation version's."""
-        if self.snapshot_copy is not None:
-            return self.snapshot_copy
-        definition = self.__dict__.get("_version_definition")
-        if definition is None:
+        copy = self.snapshot_copy
+        if copy is not None:
+            return copy
+        try:  # read ~10 times per run on the worker: no call but this one when known
+            return self.__dict__["_version_definition"]
+        except KeyError:
             definition = self.__dict__["_version_definition"] = version_definition(
                 self.automation_id, self.automation_version
             )
-        return definition
+            return definition
 
     @snapshot.setter
     def snapshot(self, definition: dict[str, Any]) -> None:
@@ -221,8 +223,9 @@ def remember_version_definition(automation_id: Any, version: int, definition: di
 
 def version_definition(automation_id: Any, version: int) -> dict[str, Any]:
     """Version ``version`` of the automation's definition: from this process's cache, else one query."""
-    text = _VERSION_DEFINITIONS.get((automation_id, version))
-    if text is None:
+    try:
+        return json.loads(_VERSION_DEFINITIONS[automation_id, version])
+    except KeyError:
         stored = AutomationVersion.objects.filter(automation_id=automation_id, version=version)
         definition = stored.values_list("definition", flat=True).first()
         if definition is None:  # an automation written without its version row: its current
@@ -235,7 +238,6 @@ def version_definition(automation_id: Any, version: int) -> dict[str, Any]:
             )
         remember_version_definition(automation_id, version, definition)
         return definition
-    return json.loads(text)
 
 
 class StepStatus(models.TextChoices):
