@@ -5,13 +5,15 @@ definition it was created with, after later versions too; a re-run executes the 
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
 from django.utils import timezone
 
-from automations import models, services
+from automations import executor, models, services
 from automations.models import AutomationVersion, Run, RunStatus
 from tests.factories import definition, transform
 
@@ -97,3 +99,29 @@ def test_versions_are_not_rewritten(workspace):
     assert restored.version == 3
     assert AutomationVersion.objects.get(automation=automation, version=1).definition == first
     assert AutomationVersion.objects.get(automation=automation, version=3).definition == first
+
+
+def test_the_admin_shows_an_old_version_runs_steps_after_a_new_version(workspace, drive, admin_client):
+    automation = create(workspace, transform("a", "one", output_as="a"), transform("b", "{{ a }}-b"))
+    old = drive(start(automation).pk)
+    services.automation_update(automation=automation, definition=definition(transform("c", "two")))
+    models._VERSION_DEFINITIONS.clear()
+    form = admin_client.get(reverse("admin:automations_run_rerun", args=[old.pk])).content.decode()
+    assert '<option value="b">b</option>' in form
+    assert '<option value="c">' not in form
+    page = admin_client.get(reverse("admin:automations_run_change", args=[old.pk]))
+    assert page.status_code == 200
+
+
+def test_a_run_taken_over_from_a_dead_worker_goes_on_with_its_version(workspace):
+    """A new worker process (empty cache) takes over a run whose lease ran out after a new
+    version was saved: it executes the version the run was created with."""
+    automation = create(workspace, transform("a", "one", output_as="a"), transform("b", "{{ a }}-b"))
+    run = start(automation)
+    assert executor.claim(str(run.pk), "worker-1:1") is not None  # then worker 1 dies
+    services.automation_update(automation=automation, definition=definition(transform("c", "two")))
+    Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    models._VERSION_DEFINITIONS.clear()
+    assert executor.execute_run(str(run.pk), "worker-2:2") == RunStatus.SUCCEEDED
+    done = Run.objects.get(pk=run.pk)
+    assert (done.output, done.recoveries, stored_copy(done)) == ("one-b", 1, None)
