@@ -31,7 +31,9 @@ EXPECTED = {
 @pytest.fixture
 def files(workspace, mcp_http):
     """The test MCP server's tools in ``workspace`` as ``files.*`` (the critical step deletes a note there)."""
-    mcp.mcp_harvest(mcp.mcp_server_create(workspace=workspace, slug="files", transport="http", url=mcp_http.url))
+    mcp.mcp_harvest(
+        mcp.mcp_server_create(workspace=workspace, slug="files", transport="http", url=mcp_http.url)
+    )
     return mcp_http
 
 

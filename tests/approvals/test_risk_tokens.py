@@ -60,7 +60,11 @@ def test_capability_ids_raise_risk_only_by_whole_segments(capability_id, raised)
 
 
 def _http(method: str) -> dict:
-    return {"step_id": "fetch_all", "action": "http_request", "config": {"method": method, "url": "http://x/"}}
+    return {
+        "step_id": "fetch_all",
+        "action": "http_request",
+        "config": {"method": method, "url": "http://x/"},
+    }
 
 
 def _email(count: int, cc: int = 0) -> dict:
@@ -85,7 +89,11 @@ def _email(count: int, cc: int = 0) -> dict:
         (_email(1), Risk.MEDIUM, []),
         (_email(10), Risk.MEDIUM, []),
         (_email(11), Risk.HIGH, ["an external write to 11 recipients (more than 10): risk medium → high"]),
-        (_email(8, cc=3), Risk.HIGH, ["an external write to 11 recipients (more than 10): risk medium → high"]),
+        (
+            _email(8, cc=3),
+            Risk.HIGH,
+            ["an external write to 11 recipients (more than 10): risk medium → high"],
+        ),
         (_email(50), Risk.HIGH, ["an external write to 50 recipients (more than 10): risk medium → high"]),
     ],
     ids=lambda value: None if isinstance(value, dict) else str(value),
@@ -104,14 +112,17 @@ def test_network_from_a_sandbox_is_at_least_high_and_says_so():
 
 
 def test_a_refusal_says_which_rule_raised_the_risk(request, drive, workspace, mcp_http):
-    mcp.mcp_harvest(mcp.mcp_server_create(workspace=workspace, slug="files", transport="http", url=mcp_http.url))
+    mcp.mcp_harvest(
+        mcp.mcp_server_create(workspace=workspace, slug="files", transport="http", url=mcp_http.url)
+    )
     mcp_http.notes.write_text("keep me\n")
     run = drive.start(drive.automation(definition(critical_step("keep me"))))  # A3: critical is blocked
 
     assert run.status == "failed"
     assert run.error["code"] == "POLICY_VIOLATION"
-    assert "capability files.delete_note names a destructive verb (delete): risk high → critical" in (
-        run.error["message"]
+    assert (
+        "capability files.delete_note names a destructive verb (delete): risk high → critical"
+        in (run.error["message"])
     )
     assert mcp_http.notes_written() == ["keep me"]
 
