@@ -13,10 +13,11 @@ from bench import history_bench
 pytestmark = pytest.mark.django_db
 
 
-def test_a_database_not_named_as_a_test_one_is_refused_without_the_flag(monkeypatch):
+@pytest.mark.parametrize("command", [("seed_history", "--runs", "5"), ("bench", "--history", "5")])
+def test_a_database_not_named_as_a_test_one_is_refused_without_the_flag(monkeypatch, command):
     monkeypatch.setitem(connection.settings_dict, "NAME", "autoplane")
     with pytest.raises(CommandError, match="--yes-this-is-a-test-database"):
-        call_command("seed_history", "--runs", "5")
+        call_command(*command)
     assert not Run.objects.exists()
 
 

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from rest_framework.test import APIClient
 
 from bench import cancel_bench, engine_bench, history_bench, hotpath_profile, http_bench
@@ -48,11 +48,16 @@ class Command(BaseCommand):
         n = n if n is not None else 50 if small else 200
         runs = runs if runs is not None else 200 if small else 800
         logging.getLogger().setLevel(logging.WARNING)  # per-step INFO lines would drown the figures
+        if options["history"]:  # refused before anything (migrations included) touches the database
+            try:
+                history_bench.check_database(options["confirmed"])
+            except history_bench.NotATestDatabase as exc:
+                raise CommandError(str(exc)) from None
         # As `up` does: a fresh database is created (PostgreSQL) and migrated, a missing key made.
         prepare_database(lambda line: self.stdout.write(f"bench: {line}"))
         ensure_signing_key(lambda line: self.stdout.write(f"bench: {line}"), self.stderr.write)
         if options["history"]:
-            self._history(options["history"], options["confirmed"])
+            self._history(options["history"])
             return
         if options["cancel"]:
             with Workers({queue: 1 for queue in QUEUES}) as workers:
@@ -111,8 +116,7 @@ class Command(BaseCommand):
                 sandbox_bench.bench_fast_queue_sandboxed(max(50, runs // 4), report=report, baseline=True)
         self.stdout.write("\nsummary: " + ", ".join(f"{k}={v:.3g}" for k, v in report.figures.items()))
 
-    def _history(self, sizes: list[int], confirmed: bool) -> None:
-        history_bench.check_database(confirmed)
+    def _history(self, sizes: list[int]) -> None:
         figures = {}
         for size in sorted(sizes):
             have = history_bench.seeded_runs()
