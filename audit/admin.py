@@ -63,7 +63,7 @@ class TypeFilter(admin.SimpleListFilter):
         return [(t, t) for t in COMMON_TYPES]
 
     def queryset(self, request, queryset):
-        return queryset.filter(type=self.value()) if self.value() else queryset
+        return selectors.of_type(queryset, self.value()) if self.value() else queryset
 
 
 @admin.register(AuditEvent)
@@ -83,10 +83,10 @@ class AuditEventAdmin(HistoryAdminMixin, ReadOnlyAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        # Three index lookups (audit_trace_prefix_idx, audit_type_idx, audit_run_prefix_idx), never LIKE '%q%'.
+        # Three index lookups (audit_trace_prefix_idx, audit_type_key_idx, audit_run_key_idx), never LIKE '%q%'.
         by_run = selectors.of_run(queryset, term)
         by_trace = selectors.of_trace(queryset, term)
-        return by_trace | queryset.filter(type=term) | by_run, False
+        return by_trace | selectors.of_type(queryset, term) | by_run, False
 
     def get_queryset(self, request):
         queryset = super().get_queryset(request)

@@ -13,6 +13,7 @@ from django.db import models
 from django.db.models import F, Q
 from django.db.models.fields.json import KeyTextTransform, KeyTransform, KeyTransformFactory
 from django.db.models.functions import Left
+from django.db.models.lookups import IsNull
 from django.utils.functional import cached_property
 
 
@@ -122,6 +123,27 @@ class Outcome(models.TextChoices):
 KEY_PREFIX = 7
 
 
+# The type of a truncation anchor (audit.checkpoints.ANCHOR_TYPE, frozen in migrations 0008-0012).
+ANCHOR_TYPE = "audit.anchor"
+
+
+class TypeKey(models.Func):
+    """PostgreSQL's ``hashtext()`` of an event type: the 4-byte key of audit_type_key_idx."""
+
+    function = "hashtext"
+    output_field = models.IntegerField()
+
+
+class TypeKeyIndex(models.Index):
+    """(hashtext(type), id) on PostgreSQL; elsewhere (SQLite has no hashtext) the plain (type, id)."""
+
+    def create_sql(self, model, schema_editor, using="", **kwargs):
+        if schema_editor.connection.vendor != "postgresql":
+            plain = models.Index(fields=["type", "id"], name=self.name)
+            return plain.create_sql(model, schema_editor, using=using, **kwargs)
+        return super().create_sql(model, schema_editor, using=using, **kwargs)
+
+
 class AuditEvent(models.Model):
     chain = models.CharField(max_length=64)
     # seq, prev_hash and hash are NULL until the sequencer integrates the entry.
@@ -157,10 +179,24 @@ class AuditEvent(models.Model):
             # whole value, and still in id order for the lists' keyset pages. Queries match the
             # prefix and re-check the full value (audit.selectors.of_trace / of_run).
             models.Index(Left("trace_id", KEY_PREFIX), F("id"), name="audit_trace_prefix_idx"),
-            models.Index(fields=["type", "id"], name="audit_type_idx"),
-            models.Index(fields=["workspace_id", "id"], name="audit_workspace_idx"),
+            # hashtext(type), then id: a 24-byte index tuple instead of 32 (the type's text, padded to
+            # the id's alignment); queries match the hash and re-check the type (audit.selectors.of_type).
+            TypeKeyIndex(TypeKey("type"), F("id"), name="audit_type_key_idx"),
+            # A chain's anchors (its newest one starts verification and export; the guard's DELETE check).
             models.Index(
-                Left(KeyTextTransform("run", "refs"), KEY_PREFIX), F("id"), name="audit_run_prefix_idx"
+                fields=["chain", "seq"],
+                condition=Q(type=ANCHOR_TYPE, seq__isnull=False),
+                name="audit_anchor_idx",
+            ),
+            models.Index(fields=["workspace_id", "id"], name="audit_workspace_idx"),
+            # The run reference's prefix alone, over the events that carry a run: a run's few events
+            # share one key, so deduplication keeps them as one index tuple (a posting list of
+            # their row ids) instead of one (prefix, id) tuple each. A run's events come back as a
+            # bitmap scan and a sort of those few rows (audit.selectors.of_run).
+            models.Index(
+                Left(KeyTextTransform("run", "refs"), KEY_PREFIX),
+                condition=Q(IsNull(KeyTextTransform("run", "refs"), False)),
+                name="audit_run_key_idx",
             ),
             models.Index(fields=["chain", "id"], condition=Q(seq__isnull=True), name="audit_unsequenced_idx"),
         ]

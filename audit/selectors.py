@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from django.db import connection
-from django.db.models import Q, QuerySet
+from django.db.models import Q, QuerySet, Value
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Left
 
-from .models import KEY_PREFIX, AuditEvent
+from .models import KEY_PREFIX, AuditEvent, TypeKey
 
 
 def audit_events(
@@ -22,7 +22,7 @@ def audit_events(
     if trace_id:
         events = of_trace(events, trace_id)
     if type:
-        events = events.filter(type=type)
+        events = of_type(events, type)
     if run:
         events = of_run(events, run)
     return events.order_by("id")
@@ -35,10 +35,17 @@ def of_trace(events: QuerySet[AuditEvent], trace_id: str) -> QuerySet[AuditEvent
     )
 
 
+def of_type(events: QuerySet[AuditEvent], type_: str) -> QuerySet[AuditEvent]:
+    """The events of type ``type_``: its hash (audit_type_key_idx, in id order), then the type itself."""
+    if connection.vendor == "postgresql":
+        return events.alias(type_key=TypeKey("type")).filter(type_key=TypeKey(Value(type_)), type=type_)
+    return events.filter(type=type_)
+
+
 def of_run(events: QuerySet[AuditEvent], run: str) -> QuerySet[AuditEvent]:
     """The events whose ``refs.run`` is ``run``."""
     if connection.vendor == "postgresql":
-        # The very expression of the index audit_run_prefix_idx (a prefix of refs ->> 'run'), so
+        # The very expression of the index audit_run_key_idx (a prefix of refs ->> 'run'), so
         # the planner uses it, then the whole value; ->> gives a number as its text, so 41
         # matches "41" too.
         run_ref = KeyTextTransform("run", "refs")

@@ -164,8 +164,19 @@ class Run(models.Model):
             models.Index(fields=["workspace", "status", "-created_at", "-id"], name="run_ws_status_idx"),
             # A status across workspaces (a superuser's admin filter, the home page's failed runs).
             models.Index(fields=["status", "-created_at", "-id"], name="run_status_created_idx"),
-            models.Index(fields=["status", "lease_expires_at"], name="run_status_lease_idx"),
-            models.Index(fields=["automation", "concurrency_key", "status"], name="run_concurrency_idx"),
+            # The sweep's and the concurrency limit's lookups only ever ask for active runs: these two
+            # hold no finished run (most of the table), and a run's last UPDATE, to a final status,
+            # adds no entry to them.
+            models.Index(
+                fields=["status", "lease_expires_at"],
+                condition=models.Q(status__in=ACTIVE_RUN_STATUSES),
+                name="run_active_lease_idx",
+            ),
+            models.Index(
+                fields=["automation", "concurrency_key", "status"],
+                condition=models.Q(status__in=ACTIVE_RUN_STATUSES),
+                name="run_active_concurrency_idx",
+            ),
             # A trace id is only matched exactly (the admin's search).
             EqualityIndex(fields=["trace_id"], name="run_trace_idx"),
             # A run's re-runs (its page; retention clearing parent_run): only re-runs have one.

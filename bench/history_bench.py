@@ -316,7 +316,8 @@ _DROPPED = "seed_history_dropped_index"
 
 def _drop_secondary_indexes() -> list[str]:
     """Drop the seeded tables' indexes that back no constraint (primary keys and unique
-    constraints stay, so every row is still checked), recording each one's definition."""
+    constraints stay, so every row is still checked) and that the seeded rows go into (the runs'
+    partial indexes stay), recording each one's definition."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             f"CREATE TABLE IF NOT EXISTS {_DROPPED} (name text PRIMARY KEY, definition text NOT NULL)"
@@ -325,6 +326,9 @@ def _drop_secondary_indexes() -> list[str]:
             "SELECT i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid) FROM pg_index i"
             " JOIN pg_class t ON t.oid = i.indrelid WHERE t.relname = ANY(%s) AND t.relnamespace ="
             " 'public'::regnamespace AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)"
+            # The runs' partial indexes hold active runs and re-runs, which a seed never writes: they
+            # stay (and a status IN (...) predicate would not come back as the text it was created with).
+            " AND NOT (t.relname = 'automations_run' AND i.indpred IS NOT NULL)"
             " ORDER BY 1",
             [list(_SEEDED_TABLES)],
         )
