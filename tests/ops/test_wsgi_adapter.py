@@ -17,16 +17,20 @@ from ops.wsgi import application as wsgi_application
 from ops.wsgi_adapter import WholeResponseWSGIMiddleware
 
 
-def _serve(method: str, path: str, body: bytes = b"", headers: list | None = None) -> list[dict]:
+def _serve(
+    method: str, path: str, body: bytes | list[bytes] = b"", headers: list | None = None
+) -> list[dict]:
     app = WholeResponseWSGIMiddleware(wsgi_application, workers=2)  # type: ignore[arg-type]
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
              "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
              "headers": [(b"host", b"localhost"), *(headers or [])], "client": ("127.0.0.1", 5000),
              "server": ("127.0.0.1", 8000)}  # fmt: skip
     sent: list[dict] = []
+    chunks = list(body) if isinstance(body, list) else [body]
 
     async def receive() -> dict:
-        return {"type": "http.request", "body": body, "more_body": False}
+        chunk = chunks.pop(0) if chunks else b""
+        return {"type": "http.request", "body": chunk, "more_body": bool(chunks)}
 
     async def send(message: dict) -> None:
         sent.append(message)
@@ -73,3 +77,71 @@ def test_a_whole_response_is_queued_by_the_event_loop_without_a_hand_off_from_th
 
     assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
     assert sent[0]["status"] == 404
+
+
+def _no_hand_off(monkeypatch):
+    from a2wsgi import wsgi as a2wsgi_wsgi
+
+    from ops import wsgi_adapter
+
+    def no_hand_off(*args, **kwargs):
+        raise AssertionError("the WSGI thread handed something to the event loop")
+
+    monkeypatch.setattr(wsgi_adapter._Responder, "_flush", no_hand_off)
+    monkeypatch.setattr(a2wsgi_wsgi.WSGIResponder, "send", no_hand_off)
+    monkeypatch.setattr(a2wsgi_wsgi.asyncio, "run_coroutine_threadsafe", no_hand_off)
+
+
+def test_a_request_body_is_read_on_the_event_loop_before_the_thread_runs(monkeypatch):
+    _no_hand_off(monkeypatch)
+    body = b'{"name": "' + b"x" * 5000 + b'"}'
+
+    # the body arrives in three pieces, as a client's packets would
+    sent = _serve("POST", "/api/v1/no-such-thing", [body[:7], body[7:4000], body[4000:]],
+                  [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())])  # fmt: skip
+
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    assert sent[0]["status"] == 404
+
+
+def _serve_echo(chunks: list[bytes], headers: list) -> list[dict]:
+    from django.http import HttpResponse
+
+    def app(environ, start_response):  # a Django response, so it goes back whole
+        response = HttpResponse(str(len(environ["wsgi.input"].read())).encode())
+        start_response("200 OK", list(response.items()))
+        return response
+
+    served = WholeResponseWSGIMiddleware(app, workers=1)
+    scope = {"type": "http", "http_version": "1.1", "method": "POST", "path": "/", "query_string": b"",
+             "root_path": "", "headers": headers, "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000)}  # fmt: skip
+    pending, sent = list(chunks), []
+
+    async def receive() -> dict:
+        chunk = pending.pop(0) if pending else b""
+        return {"type": "http.request", "body": chunk, "more_body": bool(pending)}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    asyncio.run(served(scope, receive, send))
+    served.executor.shutdown()
+    return sent
+
+
+def test_a_body_larger_than_the_prefetch_is_read_whole_by_the_thread():
+    from ops.wsgi_adapter import PREFETCH_BYTES
+
+    piece = b"y" * 100_000
+    chunks = [piece] * (PREFETCH_BYTES // len(piece) + 3)
+    total = sum(map(len, chunks))
+
+    sent = _serve_echo(chunks, [(b"content-length", str(total).encode())])
+
+    assert sent[-1]["body"] == str(total).encode()
+
+
+def test_a_chunked_body_and_one_expecting_100_continue_are_read_whole():
+    assert _serve_echo([b"ab", b"cd", b"e"], [(b"transfer-encoding", b"chunked")])[-1]["body"] == b"5"
+    expecting = [(b"content-length", b"3"), (b"expect", b"100-continue")]
+    assert _serve_echo([b"abc"], expecting)[-1]["body"] == b"3"
