@@ -14,6 +14,15 @@ Worker-backed tests:
 
 Both imply ``transactional_db``: a worker is another process and only sees
 committed rows.
+
+The shared worker runs only during tests that ask for it (``celery_workers``):
+before any other test it is stopped, so a test that commits runs and publishes
+their execute messages (or has the relay or the sweep publish them) cannot have
+them taken and executed behind its back by a worker an earlier test left
+running. Its messages stay in the broker, where the next worker to start finds
+runs that no longer exist. And no other worker or beat of the session may
+outlive its test: one still running when the next test starts is killed and
+that test fails, naming it (``_no_stray_consumers``).
 """
 
 from __future__ import annotations
@@ -128,7 +137,7 @@ class WorkerPool:
 
     def start(self, queues=QUEUES, *, concurrency: int = 1, pool: str = "prefork", name: str | None = None,
               **kwargs) -> live.WorkerProcess:  # fmt: skip
-        """Another worker beside the shared one, kept until the session ends (or until ``.stop()``)."""
+        """Another worker beside the shared one, kept as the shared one is (or until ``.stop()``)."""
         with self._blocker.unblock():
             worker = live.WorkerProcess(
                 queues, concurrency=concurrency, pool=pool, name=name, **kwargs
@@ -143,29 +152,59 @@ class WorkerPool:
         self.extra.clear()
         self.main = None
 
-
-# A test that starts real Celery processes through a fixture is a `workers` test whether or not
-# it says so, so that `-m "not workers and not browser"` (README's quick subset) leaves it out.
-LIVE_FIXTURES = frozenset({"celery_session_pool", "celery_workers", "worker_factory", "beat_process"})
+    def running(self) -> list[live.WorkerProcess]:
+        return [worker for worker in [self.main, *self.extra] if worker is not None and worker.alive()]
 
 
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if LIVE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.workers)
+_POOLS: list[WorkerPool] = []  # the session's pool, once a test asked for real workers
+
+
+def stop_unasked_consumers(*, asked: bool) -> list[live.LiveProcess]:
+    """Stop every worker and beat of this session that a test did not ask for; returns the strays.
+
+    ``asked``: the test uses ``celery_workers``, so the shared worker (and the pool's extra
+    workers) stay up; otherwise they are stopped. Any other worker or beat still running,
+    one an earlier test started and did not stop, is a stray: it is killed and returned.
+    """
+    kept: list[live.LiveProcess] = []
+    for pool in _POOLS:
+        if asked:
+            kept += pool.running()
+        else:
+            pool.stop_all()
+    strays = [process for process in live.running(kinds=("worker", "beat")) if process not in kept]
+    for process in strays:
+        process.kill_all()
+    return strays
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_consumers(request):
+    """Before every test, no worker or beat of this session consumes unless the test asked for it
+    (``stop_unasked_consumers``): a stray one fails the test, naming it."""
+    if strays := stop_unasked_consumers(asked="celery_workers" in request.fixturenames):
+        pytest.fail(
+            "a worker or beat of an earlier test was still running (killed now; a test stops what it "
+            f"starts, or uses the worker_factory / beat_process fixtures): {strays}",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="session")
 def celery_session_pool(django_db_setup, django_db_blocker):
     """Session-wide owner of the worker processes; use ``celery_workers`` or ``worker_factory`` in tests."""
     pool = WorkerPool(django_db_blocker)
+    _POOLS.append(pool)
     yield pool
     pool.stop_all()  # before django_db_setup tears the test database down
+    _POOLS.remove(pool)
 
 
 @pytest.fixture
 def celery_workers(transactional_db, celery_session_pool) -> WorkerPool:
-    """The shared worker is running: every queue is consumed. ``.main`` is its WorkerProcess."""
+    """The shared worker is running: every queue is consumed. ``.main`` is its WorkerProcess.
+
+    Shared with the next tests that use this fixture too; any other test stops it first."""
     celery_session_pool.ensure_main()
     return celery_session_pool
 

@@ -393,6 +393,11 @@ class BeatProcess(LiveProcess):
         raise RuntimeError(f"{self.name} not ready after {timeout:.0f} s:\n{self.log_tail()}")
 
 
+def running(kinds: Sequence[str] = ("worker", "beat")) -> list[LiveProcess]:
+    """The processes of these kinds this session started that are still running."""
+    return [process for process in dict.fromkeys(_started) if process.kind in kinds and process.alive()]
+
+
 def kill_leftovers() -> list[int]:
     """SIGKILL every process this session started that is still around (groups first, then strays)."""
     for process in _started:
