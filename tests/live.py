@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -152,24 +151,6 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
-
-
-def _pipes_of(pid: int) -> set[str]:
-    pipes = set()
-    try:
-        for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("pipe:"):
-                pipes.add(target)
-    except OSError:
-        pass
-    return pipes
-
-
-_READ_SYSCALL = {"x86_64": "0", "aarch64": "63"}  # read(2) in /proc/<pid>/syscall
 
 
 # --- processes ----------------------------------------------------------------------
@@ -314,33 +295,27 @@ class WorkerProcess(LiveProcess):
         broker = (self.env or {}).get("CELERY_BROKER_URL") or settings.CELERY_BROKER_URL
         return not broker.startswith(("redis://", "rediss://", "amqp://", "amqps://", "pyamqp://"))
 
-    def idle_pool_pids(self) -> list[int]:
-        """Pool processes blocked reading the pool's shared job pipe, i.e. waiting for work."""
-        read = _READ_SYSCALL.get(platform.machine())
-        shared = _pipes_of(self.pid)
-        idle = []
-        for pid in self.pool_pids():
-            try:
-                call = Path(f"/proc/{pid}/syscall").read_text().split()
-                if read is None or call[0] != read:
-                    continue
-                if os.readlink(f"/proc/{pid}/fd/{int(call[1], 16)}") in shared:
-                    idle.append(pid)
-            except (OSError, IndexError, ValueError):
-                continue
-        return idle
+    def busy_pool_pids(self) -> list[int]:
+        """Pool processes executing a task (marked from task_prerun to task_postrun, tests/tasks.py)."""
+        from tests.tasks import busy_marker
+
+        return [pid for pid in self.pool_pids() if busy_marker(pid).exists()]
 
     def kill_pool_children(self, sig: int = signal.SIGKILL) -> list[int]:
         """Kill the pool processes (like the OOM killer would) and return their pids; the main process
         replaces them.
 
-        On the embedded broker the pool is billiard's blocking pool, where an
-        idle child waits for work *holding the pool's shared job-pipe lock*: a
-        SIGKILL there deadlocks the whole pool for good (Redis workers give each
-        child a pipe of its own and are immune). So on that lane the children
-        are frozen (SIGSTOP), the idle ones, which hold no task and whose death
-        would change nothing but the deadlock, are thawed unharmed, and only
-        the busy ones are killed.
+        On the embedded broker the pool is billiard's blocking pool, whose
+        children share one job pipe and one result pipe, each behind a lock: a
+        child waiting for work holds the job pipe's read lock (and from just
+        before it reads until just after), and a child that finished a task
+        holds the result pipe's write lock while it sends the result. A SIGKILL
+        to a child holding either deadlocks the whole pool for good (Redis
+        workers give each child pipes of their own and are immune). So on that
+        lane the children are frozen (SIGSTOP), and only those frozen while
+        executing a task, which hold neither lock, are killed; the others,
+        which hold no task and whose death would change nothing but the
+        deadlock, are thawed unharmed.
         """
         children = self.pool_pids()
         if not self.sync_pool:
@@ -348,14 +323,14 @@ class WorkerProcess(LiveProcess):
         else:
             for pid in children:
                 _signal(pid, signal.SIGSTOP)
-            deadline = time.monotonic() + 2
+            deadline = time.monotonic() + 10
             while time.monotonic() < deadline and not all(_state(p) in ("T", "Z", None) for p in children):
                 time.sleep(0.005)
-            idle = set(self.idle_pool_pids())
-            victims = [pid for pid in children if pid not in idle]
+            frozen = {pid for pid in children if _state(pid) == "T"}  # one still running may be anywhere
+            victims = [pid for pid in self.busy_pool_pids() if pid in frozen]
         for pid in victims:
             _signal(pid, sig)
-        for pid in children:  # thaw the idle ones; a stopped victim needs it to see a catchable signal
+        for pid in children:  # thaw the others; a stopped victim needs it to see a catchable signal
             _signal(pid, signal.SIGCONT)
         return victims
 

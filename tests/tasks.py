@@ -7,7 +7,8 @@ import signal
 import time
 from pathlib import Path
 
-from celery import shared_task
+from celery import shared_task, signals
+from django.conf import settings
 
 from capabilities import registry
 from capabilities.base import ActionDefinition, Capability
@@ -20,6 +21,32 @@ def sleep(seconds: float, pid_file: str | None = None) -> int:
         Path(pid_file).write_text(str(os.getpid()))
     time.sleep(seconds)
     return os.getpid()
+
+
+# --- which pool processes are executing a task (tests.live.WorkerProcess.kill_pool_children) ----
+# A file per pool process while it runs a task, from task_prerun to task_postrun: in between it
+# holds none of the pool's locks (the job pipe's read lock is released once its job is read, the
+# result pipe's write lock is taken after task_postrun), so a kill -9 there cannot wedge the pool.
+def busy_marker(pid: int) -> Path:
+    return Path(settings.DATA_DIR) / "pool-busy" / str(pid)
+
+
+def _mark_busy(**kwargs) -> None:
+    marker = busy_marker(os.getpid())
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.touch()
+
+
+def _mark_idle(**kwargs) -> None:
+    busy_marker(os.getpid()).unlink(missing_ok=True)
+
+
+@signals.worker_process_init.connect(weak=False)
+def _watch_tasks(**kwargs) -> None:
+    """In each pool process of a test worker (not in the test process, which imports this module too)."""
+    _mark_idle()  # a marker left by a killed process whose pid this one reuses
+    signals.task_prerun.connect(_mark_busy, weak=False)
+    signals.task_postrun.connect(_mark_idle, weak=False)
 
 
 _connections: list[object] = []  # held, so that a closed connection's id() is never reused

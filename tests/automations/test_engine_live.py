@@ -19,6 +19,9 @@ from tests.live import wait_for
 pytestmark = pytest.mark.workers
 
 KILL_ITERATIONS = int(os.environ.get("AUTOPLANE_KILL_ITERATIONS", "20"))
+# Each wait is for one run on a healthy worker (or a fresh one): seconds on a quiet machine, more
+# on a loaded one; a kill's redelivery alone waits for Celery's worker_lost_wait (10 s).
+WAIT_SECONDS = 60
 RESTING = {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.NEEDS_ATTENTION, RunStatus.CANCELLED,
            RunStatus.TIMED_OUT}  # fmt: skip
 
@@ -86,29 +89,36 @@ def test_killed_workers_lose_no_run_and_repeat_no_side_effect(worker_factory, wo
         seen = len(http_server.requests)
         run = services.run_create(automation=automation, inputs={}).run
         run_ids.append(run.pk)
+        # kill_pool_children kills the pool process executing a task (this run), if one is: one that
+        # finished it may hold a lock of the embedded broker's pool, whose kill would wedge the pool.
         if mode == "early":
-            wait_for(lambda: run_status(run.pk) != RunStatus.QUEUED, what="the run to be claimed")
+            wait_for(lambda: run_status(run.pk) != RunStatus.QUEUED, timeout=WAIT_SECONDS,
+                     what="the run to be claimed")  # fmt: skip
             worker.kill_pool_children()
         elif mode in ("mid_call", "whole_worker"):
-            wait_for(lambda: len(http_server.requests) > seen, what="the side effect to start")
+            wait_for(
+                lambda: len(http_server.requests) > seen,
+                timeout=WAIT_SECONDS,
+                what="the side effect to start",
+            )
             if mode == "whole_worker":
                 worker.kill_all()
             else:
-                worker.kill_pool_children()
+                assert worker.kill_pool_children(), "no pool process was executing the run mid-call"
             http_server.block.set()
         else:
             wait_for(lambda: StepRun.objects.filter(run=run, step_id="charge", status="succeeded").exists(),
-                     what="the side effect to finish")  # fmt: skip
+                     timeout=WAIT_SECONDS, what="the side effect to finish")  # fmt: skip
             worker.kill_pool_children()
         if mode == "whole_worker":
             worker = worker_factory(queues=["automations_fast"], concurrency=1, name=f"victim-{iteration}")
             # The message died with the worker; the sweeper finds the run once its lease runs out.
             wait_for(lambda: Run.objects.filter(pk=run.pk, lease_expires_at__lt=timezone.now()).exists()
-                     or run_status(run.pk) in RESTING, timeout=60, what="the lease to expire")  # fmt: skip
+                     or run_status(run.pk) in RESTING, timeout=WAIT_SECONDS, what="the lease to expire")  # fmt: skip
             services.runs_sweep()
         wait_for(
             lambda: run_status(run.pk) in RESTING,
-            timeout=60,
+            timeout=WAIT_SECONDS,
             what=f"run {iteration} ({mode}) to come to rest",
         )
 
