@@ -29,6 +29,21 @@ def test_seeded_runs_have_steps_and_chains_that_verify():
     result = verify_all()
     assert result.ok, result.broken
     assert result.events >= 42 * 8
+    runs = list(Run.objects.values_list("id", "trace_id"))
+    assert all(run_id.version == 4 for run_id, _ in runs)  # ids and traces drawn from os.urandom
+    assert len({trace for _, trace in runs}) == 42
+    assert all(len(trace) == 32 and int(trace, 16) >= 0 for _, trace in runs)
+
+
+def test_the_seed_reports_its_rate_and_cpu_per_run():
+    lines = []
+    result = history_bench.seed(10, out=lines.append)
+    assert result["runs"] == 10
+    assert result["runs_per_s"] > 0
+    assert {"cpu_us_per_run_python", "cpu_us_per_run_postgres", "cpu_us_per_run_postgres_after"} <= set(
+        result
+    )
+    assert any("CPU per run: Python" in line for line in lines)
 
 
 postgresql_only = pytest.mark.skipif(
