@@ -62,7 +62,7 @@ from importlib import import_module
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, connections, router, transaction
+from django.db import DatabaseError, connection, connections, router, transaction
 from django.utils import timezone
 
 from automations.dispatcher import (
@@ -157,10 +157,16 @@ class _TokenLookup:
     automation_fields: list[str]
     split: int  # the trigger's columns, then the automation's
     end: int
+    prepare: str | None = None  # PostgreSQL: the statement prepared once per session, and its EXECUTE
+    execute: str = ""
 
 
 _token_lookups: weakref.WeakKeyDictionary[Any, _TokenLookup] = weakref.WeakKeyDictionary()
 _HASH_PLACEHOLDER = "0" * 64
+# The psycopg connections (database sessions) in which the lookup is prepared, with the text prepared.
+_prepared_in: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+PREPARED_LOOKUP_NAME = "autoplane_trigger_by_token"
+_SESSION_LOST_STATEMENT = "26000"  # invalid_sql_statement_name: the session has no such prepared statement
 
 
 def _token_lookup(conn) -> _TokenLookup:
@@ -184,7 +190,14 @@ def _token_lookup(conn) -> _TokenLookup:
     own, joined = info["select_fields"], related["select_fields"]
     if own != list(range(len(own))) or joined != list(range(len(own), len(own) + len(joined))):
         raise RuntimeError("unexpected column layout in the token lookup")
+    prepare = None
+    if conn.vendor == "postgresql":
+        if sql.count("%s") != 1:
+            raise RuntimeError("unexpected placeholders in the token lookup")
+        prepare = f"PREPARE {PREPARED_LOOKUP_NAME} AS {sql.replace('%s', '$1')}"
     lookup = _TokenLookup(
+        prepare=prepare,
+        execute=f"EXECUTE {PREPARED_LOOKUP_NAME}(%s)",
         sql=sql,
         converters=compiler.get_converters([col for col, _, _ in select[: len(own) + len(joined)]]),
         trigger_fields=[col.target.attname for col, _, _ in select[: len(own)]],
@@ -194,6 +207,30 @@ def _token_lookup(conn) -> _TokenLookup:
     )
     _token_lookups[conn] = lookup
     return lookup
+
+
+def _execute_prepared(conn, cursor, lookup: _TokenLookup, digest: str) -> None:
+    """The lookup as a statement prepared once per database session (PostgreSQL).
+
+    Django binds parameters on the client, so PostgreSQL would parse and plan the
+    lookup's 1.3 kB of SQL on every fire (~0.08 ms of planning, on the fire's path).
+    The session's first fire sends ``PREPARE`` and ``EXECUTE`` in one round trip;
+    every later one ``EXECUTE <name>('<hash>')``: the row is still read on every
+    fire (a revoked or rotated token is seen at once), only the plan is kept. A
+    prepared statement outlives a rolled-back transaction; one the session lost
+    (``DEALLOCATE``, ``DISCARD ALL``) is prepared again.
+    """
+    raw = conn.connection
+    if _prepared_in.get(raw) == lookup.prepare:
+        try:
+            cursor.execute(lookup.execute, [digest])
+            return
+        except DatabaseError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) != _SESSION_LOST_STATEMENT or conn.in_atomic_block:
+                raise
+    cursor.execute(f"{lookup.prepare}; {lookup.execute}", [digest])
+    cursor.nextset()
+    _prepared_in[raw] = lookup.prepare
 
 
 def trigger_by_token_hash(digest: str) -> Trigger | None:
@@ -206,7 +243,10 @@ def trigger_by_token_hash(digest: str) -> Trigger | None:
     conn = connections[router.db_for_read(Trigger)]
     lookup = _token_lookup(conn)
     with conn.cursor() as cursor:
-        cursor.execute(lookup.sql, [digest])
+        if lookup.prepare is None:
+            cursor.execute(lookup.sql, [digest])
+        else:
+            _execute_prepared(conn, cursor, lookup, digest)
         found = cursor.fetchone()
     if found is None:
         return None

@@ -70,3 +70,36 @@ def test_each_thread_compiles_its_own_lookup_on_its_own_connection(hook):
     assert seen[1] is not mine
     assert mine in webhooks._token_lookups
     assert webhooks._token_lookups.get(seen[1]) is not webhooks._token_lookups[mine]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements: the PostgreSQL lane")
+def test_on_postgresql_the_lookup_is_prepared_once_per_session_and_read_on_every_fire(hook, owner):
+    automation, trigger, token = hook()
+    digest = services.token_hash(token)
+    with connection.cursor() as cursor:
+        cursor.execute("DEALLOCATE ALL")  # a session that has not prepared it yet
+    webhooks._prepared_in.clear()
+
+    with CaptureQueriesContext(connection) as queries:
+        for _ in range(3):
+            assert webhooks.trigger_by_token_hash(digest).pk == trigger.pk
+    sent = [q["sql"] for q in queries.captured_queries]
+    assert sent[0].startswith(f"PREPARE {webhooks.PREPARED_LOOKUP_NAME} AS SELECT ")  # and EXECUTE, one trip
+    assert "ORDER BY" not in sent[0]  # the hash is unique
+    assert sent[1:] == [f"EXECUTE {webhooks.PREPARED_LOOKUP_NAME}('{digest}')"] * 2
+    with connection.cursor() as cursor:  # the plan reads the hash's index
+        cursor.execute(f"EXPLAIN EXECUTE {webhooks.PREPARED_LOOKUP_NAME}(%s)", [digest])
+        plan = " ".join(row[0] for row in cursor.fetchall())
+    assert "Index Scan" in plan or "Index Only Scan" in plan, plan
+
+    # a revocation, then a rotation, is seen at once: the statement is kept, not its answer
+    services.trigger_token_revoke(trigger=trigger, user=owner)
+    assert webhooks.trigger_by_token_hash(digest).token_revoked_at is not None
+    services.trigger_token_rotate(trigger=Trigger.objects.get(pk=trigger.pk), user=owner)
+    assert webhooks.trigger_by_token_hash(digest) is None
+
+    # a session that lost it (DISCARD ALL by a pooler, say) prepares it again
+    with connection.cursor() as cursor:
+        cursor.execute(f"DEALLOCATE {webhooks.PREPARED_LOOKUP_NAME}")
+    assert webhooks.trigger_by_token_hash(digest) is None
+    assert webhooks.trigger_by_token_hash(digest) is None

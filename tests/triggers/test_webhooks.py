@@ -594,7 +594,8 @@ def _database_down(execute, sql, params, many, context):
     raise OperationalError("server closed the connection unexpectedly")
 
 
-@pytest.mark.parametrize("fails_at", ["INSERT", "SELECT"])
+# the trigger lookup is a SELECT, PREPAREd then EXECUTEd on PostgreSQL (webhooks._execute_prepared)
+@pytest.mark.parametrize("fails_at", ["INSERT", ("SELECT", "PREPARE", "EXECUTE")], ids=["INSERT", "SELECT"])
 def test_a_fire_while_the_database_is_unavailable_is_503_with_retry_after_and_creates_nothing(
     db, hook, fails_at
 ):
