@@ -27,6 +27,13 @@ from django.db.models.sql import InsertQuery, UpdateQuery
 
 Statement = tuple[str, list[Any]]
 
+try:
+    from psycopg.pq import TransactionStatus
+
+    _IDLE: Any = TransactionStatus.IDLE
+except ImportError:  # no psycopg (SQLite only): never compared
+    _IDLE = None
+
 
 def available(using: str = "default") -> bool:
     connection = connections[using]
@@ -137,6 +144,43 @@ def insert_many(objs: list[Model], using: str = "default") -> Statement:
         compiler.returning_fields = [meta.pk]
     [(sql, params)] = compiler.as_sql()
     return sql, list(params)
+
+
+def first_in_transaction(
+    sql: str, params: Any, using: str = "default"
+) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run ``sql`` (one statement returning rows) and return its column names and rows; when it is
+    the first statement of a transaction, the transaction's ``BEGIN`` goes in the same query.
+
+    psycopg opens a transaction lazily, sending its ``BEGIN`` as a round trip of its own
+    before the transaction's first statement. Here the ``BEGIN`` psycopg would send (the same
+    text: isolation level and all) is put in front of ``sql`` instead, in one simple-protocol
+    query: one round trip fewer, the same transaction. psycopg then sees the transaction open
+    (and sends no ``BEGIN`` of its own for what follows); its ``COMMIT`` and ``ROLLBACK`` and
+    Django's atomic block work as usual. Anywhere else (a transaction already open, autocommit,
+    SQLite, pipeline mode) it is a plain ``execute``.
+    """
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        raw = connection.connection
+        if (
+            connection.vendor == "postgresql"
+            and connection.in_atomic_block
+            and not getattr(raw, "autocommit", True)
+            and getattr(raw, "_pipeline", True) is None
+            and hasattr(raw, "_autocommit")
+            and raw.pgconn.transaction_status == _IDLE
+        ):
+            begin = raw._get_tx_start_command().decode()
+            raw._autocommit = True  # for this query only: its BEGIN is in the query, not sent before it
+            try:
+                cursor.execute(f"{begin};\n{sql}", params)
+            finally:
+                raw._autocommit = False
+            cursor.nextset()  # past the BEGIN's (empty) result
+        else:
+            cursor.execute(sql, params)
+        return [column[0] for column in cursor.description], cursor.fetchall()
 
 
 Result = tuple[int, list[tuple[Any, ...]] | None]

@@ -7,8 +7,12 @@ one statement of the query fail."""
 
 from __future__ import annotations
 
+import re
+import tempfile
+
 import pytest
 from django.db import DatabaseError, connection, transaction
+from psycopg.pq import Trace
 
 from audit import writer
 from audit.models import AuditEvent
@@ -87,6 +91,73 @@ def test_a_one_step_run_sends_its_final_writes_in_one_query(workspace):
     step = StepRun.objects.get(run=run)
     assert step.status == "succeeded"
     assert step.finished_at is not None
+
+
+def _queries_on_the_wire(work) -> tuple[list[str], object]:
+    """The queries the client really sent to PostgreSQL while ``work()`` ran (libpq's trace of
+    the frontend's Query messages): psycopg's own BEGIN and COMMIT included, which no Django
+    execute wrapper sees."""
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    with tempfile.TemporaryFile("w+") as trace:
+        pgconn.trace(trace.fileno())
+        pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            result = work()
+        finally:
+            pgconn.untrace()
+        trace.seek(0)
+        messages = re.split(r"\n(?=[FB]\t)", trace.read())  # a query's text may hold newlines
+    return [message for message in messages if message.startswith("F\t") and "\tQuery\t" in message], result
+
+
+def test_a_one_step_run_is_two_round_trips_its_begin_sent_with_the_claim(workspace):
+    run = one_step_run(workspace)
+    sent, status = _queries_on_the_wire(lambda: executor.execute_run(str(run.pk)))
+
+    assert status == RunStatus.SUCCEEDED
+    assert len(sent) == 2, sent  # BEGIN + the claim; the final writes + COMMIT
+    assert '"BEGIN;' in sent[0], sent[0]
+    assert "UPDATE automations_run" in sent[0], sent[0]
+    assert sent[1].rstrip().endswith('COMMIT"'), sent[1]
+    assert not connection.in_atomic_block
+    run.refresh_from_db()
+    assert (run.status, run.claimed_by) == (RunStatus.SUCCEEDED, "")
+
+
+def test_the_claimed_run_is_the_run_the_orm_reads(workspace):
+    """The claim builds its Run from the row without a queryset: every field as the ORM reads it."""
+    run = one_step_run(workspace)
+    with transaction.atomic():
+        claimed = claim(str(run.pk), "worker-a:1")
+        assert claimed is not None
+        read = Run.objects.get(pk=run.pk)
+        for field in Run._meta.concrete_fields:
+            assert getattr(claimed, field.attname) == getattr(read, field.attname), field.name
+        assert claimed._state.adding is False
+        assert claimed._state.db == "default"
+        assert claimed.workspace.egress_allowlist == read.workspace.egress_allowlist
+        assert claimed.workspace.default_autonomy == read.workspace.default_autonomy
+        assert claimed.has_step_runs is False
+        assert claimed.first_claim is True
+        assert (claimed.status, claimed.claimed_by) == (RunStatus.RUNNING, "worker-a:1")
+
+
+def test_a_claim_whose_begin_went_with_it_rolls_back_on_an_error(workspace):
+    """The transaction the claim's query opened is psycopg's and Django's as usual: an error
+    after the claim rolls it back (ROLLBACK sent), and the run is claimable again."""
+    run = one_step_run(workspace)
+
+    def claim_then_fail() -> None:
+        with transaction.atomic():
+            assert claim(str(run.pk), "worker-a:1") is not None
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        claim_then_fail()
+    run.refresh_from_db()
+    assert (run.status, run.claimed_by, run.started_at) == (RunStatus.QUEUED, "", None)
+    assert executor.execute_run(str(run.pk)) == RunStatus.SUCCEEDED
 
 
 def test_a_failing_statement_rolls_back_the_whole_query_and_the_claim_then_the_run_runs_once(workspace):
