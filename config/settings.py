@@ -201,6 +201,10 @@ CELERY_VISIBILITY_TIMEOUT = env.int("CELERY_VISIBILITY_TIMEOUT", default=2 * 360
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_VISIBILITY_TIMEOUT}
 # Seconds between two polls of the embedded broker (a second of latency per task at kombu's default 1 s).
 EMBEDDED_BROKER_POLLING_INTERVAL = env.float("CELERY_POLLING_INTERVAL", default=0.05)
+# Between two polls a worker of the embedded broker looks this often whether a message was
+# published to its queues (a stat of a bell file, no lock) and polls at once if one was
+# (config/embedded_broker.py).
+EMBEDDED_BROKER_WAKE_INTERVAL = env.float("CELERY_WAKE_INTERVAL", default=0.002)
 if CELERY_BROKER_URL.startswith("sqla+"):
     # kombu's SQLAlchemy transport hands every transport option to SQLAlchemy's
     # create_engine(), which rejects the ones it does not know (kombu#2157), and
