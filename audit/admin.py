@@ -83,7 +83,7 @@ class AuditEventAdmin(HistoryAdminMixin, ReadOnlyAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        # Three index lookups (audit_trace_prefix_idx, audit_type_key_idx, audit_run_key_idx), never LIKE '%q%'.
+        # Three index lookups (audit_trace_prefix_idx, audit_type_key_idx, audit_run_ref_key_idx), never LIKE '%q%'.
         by_run = selectors.of_run(queryset, term)
         by_trace = selectors.of_trace(queryset, term)
         return by_trace | selectors.of_type(queryset, term) | by_run, False

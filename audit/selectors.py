@@ -45,7 +45,7 @@ def of_type(events: QuerySet[AuditEvent], type_: str) -> QuerySet[AuditEvent]:
 def of_run(events: QuerySet[AuditEvent], run: str) -> QuerySet[AuditEvent]:
     """The events whose ``refs.run`` is ``run``."""
     if connection.vendor == "postgresql":
-        # The very expression of the index audit_run_key_idx (a prefix of refs ->> 'run'), so
+        # The very expression of the index audit_run_ref_key_idx (a prefix of refs ->> 'run'), so
         # the planner uses it, then the whole value; ->> gives a number as its text, so 41
         # matches "41" too.
         run_ref = KeyTextTransform("run", "refs")

@@ -85,7 +85,7 @@ def test_a_seed_stopped_half_way_leaves_its_dropped_indexes_to_the_next_one(monk
         "run_created_idx",
         "run_trace_idx",
         "audit_type_key_idx",
-        "audit_run_key_idx",
+        "audit_run_ref_key_idx",
     }
     constraints = {name for name, _ in before if name.endswith("_pkey") or name == "steprun_unique"}
     assert not constraints & {name for name, _ in left}  # primary keys and unique constraints stay
