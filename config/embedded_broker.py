@@ -162,17 +162,21 @@ class Transport(sqlalchemy.Transport):
     def __init__(self, client, **kwargs):
         super().__init__(client, **kwargs)
         self.slot_freed = threading.Event()
-        self._doorbell: _Doorbell | None | bool = False  # False: not made yet (never True)
+        self._broker_file = _sqlite_path(getattr(client, "hostname", None) or "")
+        self._doorbell: _Doorbell | None = None
         self._doorbell_queues: frozenset = frozenset()
         self._last_work = monotonic()
 
     def _bell(self) -> _Doorbell | None:
+        """The bell of the queues consumed now (none before a consumer exists, or off a SQLite file)."""
+        if self._broker_file is None:
+            return None
         queues = frozenset(queue for channel in self.channels for queue in channel._active_queues)
-        if self._doorbell is False or (self._doorbell is not None and self._doorbell_queues != queues):
-            path = _sqlite_path(getattr(self.client, "hostname", None) or "")
-            self._doorbell = _Doorbell(path, queues) if path and queues else None
-            self._doorbell_queues = queues
-        return self._doorbell if isinstance(self._doorbell, _Doorbell) else None
+        if not queues:
+            return None
+        if self._doorbell is None or self._doorbell_queues != queues:
+            self._doorbell, self._doorbell_queues = _Doorbell(self._broker_file, queues), queues
+        return self._doorbell
 
     def _full(self) -> bool:
         """No channel with a consumer may take a message now (its prefetch is used up)."""

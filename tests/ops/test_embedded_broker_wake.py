@@ -57,6 +57,27 @@ def test_a_message_published_while_the_worker_waits_is_taken_at_once(broker):
     assert received[0][1] - published < BOUND, "the worker slept through kombu's polling interval"
 
 
+def test_the_bell_is_heard_when_the_connection_drained_before_it_consumed(broker):
+    """The bell follows the queues consumed at each wait, not those of the connection's first drain."""
+    consumer_conn, publisher_conn, queue = broker
+    with pytest.raises(TimeoutError):
+        consumer_conn.drain_events(timeout=0.1)  # no consumer yet: no queue, no bell
+    received: list[float] = []
+    with consumer_conn.Consumer(
+        queue, callbacks=[lambda body, msg: (received.append(time.monotonic()), msg.ack())]
+    ):
+        with pytest.raises(TimeoutError):
+            consumer_conn.drain_events(timeout=0.2)
+        timer = threading.Timer(0.3, _publish, (publisher_conn, queue, "one"))
+        published = time.monotonic() + 0.3
+        timer.start()
+        consumer_conn.drain_events(timeout=POLL + 5)
+        timer.join()
+
+    assert len(received) == 1
+    assert received[0] - published < BOUND, "the worker slept through kombu's polling interval"
+
+
 def test_a_full_prefetch_takes_the_next_message_as_soon_as_one_is_acknowledged(broker):
     consumer_conn, publisher_conn, queue = broker
     _publish(publisher_conn, queue, "first")
