@@ -23,14 +23,23 @@ from typing import Any
 
 from django.db import DatabaseError, DataError, connections
 from django.db.models import Field, Model, QuerySet
+from django.db.models.expressions import RawSQL
 from django.db.models.sql import InsertQuery, UpdateQuery
 
 Statement = tuple[str, list[Any]]
 
 try:
+    from psycopg import _queries as _psycopg_queries
     from psycopg.pq import TransactionStatus
 
     _IDLE: Any = TransactionStatus.IDLE
+    # psycopg parses a client-bound query (splits it at its placeholders) once and caches the
+    # parse, but only for queries of at most 50 parameters; a run's final writes have ~100
+    # (its UPDATE, step rows, event and five audit entries) and were parsed afresh each run
+    # (~0.3 ms of the worker's CPU). The same few shapes recur, so let them be cached too
+    # (psycopg's LRU cache still holds at most 128 queries, each at most 4 kB of text).
+    if getattr(_psycopg_queries, "MAX_CACHED_STATEMENT_PARAMS", 1000) < 200:
+        _psycopg_queries.MAX_CACHED_STATEMENT_PARAMS = 200
 except ImportError:  # no psycopg (SQLite only): never compared
     _IDLE = None
 
@@ -40,39 +49,51 @@ def available(using: str = "default") -> bool:
     return connection.vendor == "postgresql" and not connection.in_atomic_block
 
 
-# The INSERT's text per (model, database alias): it never changes, only its values do.
-_insert_sql: dict[tuple[type[Model], str], str] = {}
+# The INSERT's text per (model, database alias, the SQL of each value given as RawSQL or None):
+# it never changes, only its values do.
+_insert_sql: dict[tuple[type[Model], str, tuple[str | None, ...]], str] = {}
 
 
 def insert(obj: Model, using: str = "default") -> Statement:
     """The INSERT ``obj.save(force_insert=True)`` would send (the primary key set in Python, no RETURNING).
 
     The statement's text is compiled once per model (compiling it was most of the
-    Python work of a fire's write); each call computes the values as the compiler
-    does: ``pre_save`` (``auto_now_add``), then ``get_db_prep_save``. A value that is
-    an expression, or a field with its own placeholder, gets the full compilation.
+    Python work of a fire's write) and per set of values given as SQL (``RawSQL``, e.g.
+    the event's ``delivered_at``: its text in the statement, its parameters among the
+    values); each call computes the values as the compiler does: ``pre_save``
+    (``auto_now_add``), then ``get_db_prep_save``. A value that is another expression,
+    or a field with its own placeholder, gets the full compilation. The text is cached
+    only when it is what the compiler wrote.
     """
     meta = obj._meta
     if obj.pk is None or meta.auto_field is not None:
         raise ValueError(f"{meta.label}: only rows whose primary key is set before the insert")
     model = type(obj)
     fields = [f for f in meta.local_concrete_fields if not f.generated]
-    sql = _insert_sql.get((model, using))
-    if sql is not None:
-        values = [field.pre_save(obj, True) for field in fields]
-        if not any(hasattr(value, "resolve_expression") for value in values):
-            connection = connections[using]
-            prepared = [
-                field.get_db_prep_save(value, connection=connection)
-                for field, value in zip(fields, values, strict=True)
-            ]
-            return sql, prepared
+    values = [field.pre_save(obj, True) for field in fields]
+    raw = tuple(value.sql if type(value) is RawSQL else None for value in values)
+    other_expressions = any(
+        type(value) is not RawSQL and hasattr(value, "resolve_expression") for value in values
+    )
+    key = (model, using, raw)
+    sql = _insert_sql.get(key)
+    if sql is not None and not other_expressions:
+        connection = connections[using]
+        prepared: list[Any] = []
+        for field, value in zip(fields, values, strict=True):
+            if type(value) is RawSQL:
+                prepared.extend(value.params)
+            else:
+                prepared.append(field.get_db_prep_save(value, connection=connection))
+        return sql, prepared
     query = InsertQuery(model)
     query.insert_values(fields, [obj])
     [(sql, params)] = query.get_compiler(using=using).as_sql()
     plain = all(getattr(field, "get_placeholder", None) is None for field in fields)
-    if plain and len(params) == len(fields) and sql.endswith(f"VALUES ({', '.join(['%s'] * len(fields))})"):
-        _insert_sql[(model, using)] = sql
+    placeholders = ", ".join("%s" if text is None else f"({text})" for text in raw)
+    count = sum(1 if text is None else len(value.params) for text, value in zip(raw, values, strict=True))
+    if plain and not other_expressions and len(params) == count and sql.endswith(f"VALUES ({placeholders})"):
+        _insert_sql[key] = sql
     return sql, list(params)
 
 
@@ -132,17 +153,43 @@ def execute(statements: list[Statement], using: str = "default") -> None:
         cursor.execute(sql, params)
 
 
+# The multi-row INSERT's text per (model, database alias, number of rows).
+_insert_many_sql: dict[tuple[type[Model], str, int], str] = {}
+
+
 def insert_many(objs: list[Model], using: str = "default") -> Statement:
     """The multi-row INSERT ``bulk_create(objs)`` would send on PostgreSQL, with ``RETURNING`` the
-    primary keys (in the rows' order, as ``bulk_create`` relies on) when the model's key is automatic."""
+    primary keys (in the rows' order, as ``bulk_create`` relies on) when the model's key is automatic.
+
+    Its text is compiled once per model and number of rows, and cached only when it is the
+    plain ``VALUES (%s, …)`` the compiler wrote (one row: a one-step run's; for several rows
+    Django writes an ``UNNEST`` of one array per column, compiled each time); each call computes the values as the
+    compiler does (``pre_save``, then ``get_db_prep_save``). A value that is an expression,
+    or a field with its own placeholder, gets the full compilation."""
     meta = objs[0]._meta
+    model = type(objs[0])
     fields = [f for f in meta.local_concrete_fields if not f.generated and f is not meta.auto_field]
-    query = InsertQuery(type(objs[0]))
+    key = (model, using, len(objs))
+    sql = _insert_many_sql.get(key)
+    if sql is not None:
+        rows = [[field.pre_save(obj, True) for field in fields] for obj in objs]
+        if not any(hasattr(value, "resolve_expression") for row in rows for value in row):
+            connection = connections[using]
+            return sql, [
+                field.get_db_prep_save(value, connection=connection)
+                for row in rows
+                for field, value in zip(fields, row, strict=True)
+            ]
+    query = InsertQuery(model)
     query.insert_values(fields, objs)
     compiler = query.get_compiler(using=using)
     if meta.auto_field is not None:
         compiler.returning_fields = [meta.pk]
     [(sql, params)] = compiler.as_sql()
+    plain = all(getattr(field, "get_placeholder", None) is None for field in fields)
+    row = f"({', '.join(['%s'] * len(fields))})"
+    if plain and len(params) == len(fields) * len(objs) and f" VALUES {', '.join([row] * len(objs))}" in sql:
+        _insert_many_sql[key] = sql
     return sql, list(params)
 
 
