@@ -166,7 +166,8 @@ _HASH_PLACEHOLDER = "0" * 64
 # The psycopg connections (database sessions) in which the lookup is prepared, with the text prepared.
 _prepared_in: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 PREPARED_LOOKUP_NAME = "autoplane_trigger_by_token"
-_SESSION_LOST_STATEMENT = "26000"  # invalid_sql_statement_name: the session has no such prepared statement
+_NO_SUCH_STATEMENT = "26000"  # invalid_sql_statement_name: the session has no such prepared statement
+_STATEMENT_EXISTS = "42P05"  # duplicate_prepared_statement: the session has it already
 
 
 def _token_lookup(conn) -> _TokenLookup:
@@ -217,19 +218,26 @@ def _execute_prepared(conn, cursor, lookup: _TokenLookup, digest: str) -> None:
     The session's first fire sends ``PREPARE`` and ``EXECUTE`` in one round trip;
     every later one ``EXECUTE <name>('<hash>')``: the row is still read on every
     fire (a revoked or rotated token is seen at once), only the plan is kept. A
-    prepared statement outlives a rolled-back transaction; one the session lost
-    (``DEALLOCATE``, ``DISCARD ALL``) is prepared again.
+    prepared statement outlives a rolled-back transaction. A session that lost it
+    (``DEALLOCATE``, ``DISCARD ALL``) prepares it again, and one that already has it
+    (a pooler handing over another server session) executes it, outside a transaction.
     """
     raw = conn.connection
-    if _prepared_in.get(raw) == lookup.prepare:
-        try:
+    try:
+        if _prepared_in.get(raw) == lookup.prepare:
             cursor.execute(lookup.execute, [digest])
-            return
-        except DatabaseError as exc:
-            if getattr(exc.__cause__, "sqlstate", None) != _SESSION_LOST_STATEMENT or conn.in_atomic_block:
-                raise
-    cursor.execute(f"{lookup.prepare}; {lookup.execute}", [digest])
-    cursor.nextset()
+        else:
+            cursor.execute(f"{lookup.prepare}; {lookup.execute}", [digest])
+            cursor.nextset()
+    except DatabaseError as exc:
+        state = getattr(exc.__cause__, "sqlstate", None)
+        if conn.in_atomic_block or state not in (_NO_SUCH_STATEMENT, _STATEMENT_EXISTS):
+            raise
+        if state == _NO_SUCH_STATEMENT:
+            cursor.execute(f"{lookup.prepare}; {lookup.execute}", [digest])
+            cursor.nextset()
+        else:
+            cursor.execute(lookup.execute, [digest])
     _prepared_in[raw] = lookup.prepare
 
 

@@ -103,3 +103,14 @@ def test_on_postgresql_the_lookup_is_prepared_once_per_session_and_read_on_every
         cursor.execute(f"DEALLOCATE {webhooks.PREPARED_LOOKUP_NAME}")
     assert webhooks.trigger_by_token_hash(digest) is None
     assert webhooks.trigger_by_token_hash(digest) is None
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements: the PostgreSQL lane")
+def test_a_session_that_already_has_the_lookup_prepared_executes_it(hook):
+    automation, trigger, token = hook()
+    digest = services.token_hash(token)
+    assert webhooks.trigger_by_token_hash(digest).pk == trigger.pk
+    webhooks._prepared_in.clear()  # as if a pooler handed over a server session that prepared it
+
+    assert webhooks.trigger_by_token_hash(digest).pk == trigger.pk
+    assert webhooks.trigger_by_token_hash(digest).pk == trigger.pk
