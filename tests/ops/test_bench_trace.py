@@ -53,3 +53,39 @@ def test_the_traced_topology_is_ups_with_the_hooks_added():
     ]
     assert worker.argv == [*specs["worker-fast"].argv, "--include", "bench.trace_worker"]
     assert _traced(specs["beat"]) == specs["beat"]
+
+
+def test_the_slowest_fires_are_listed_stage_by_stage_with_the_typical_step_beside_each():
+    fast = {"client.send": 0.0, "web.asgi": 0.001, "client.response": 0.004, "client.seen": 0.010}
+    slow = {"client.send": 1.0, "web.asgi": 1.001, "client.response": 1.034, "client.seen": 1.040}
+    fires = [fast, dict(fast), slow, {"client.send": 2.0}]  # the last never seen: left out
+
+    lines = trace.slowest(fires, 1)
+
+    assert lines[0].startswith("3 traced fires: send → seen p50 10.00 ms")
+    assert lines[1].strip().startswith("40.00 ms  sent 00:00:01.000 UTC")
+    assert "web.asgi → client.response  <<" in lines[3]  # 33 ms against a typical 3 ms
+    assert "<<" not in lines[2]  # send → asgi took its usual 1 ms
+    assert len(lines) == 5
+
+
+def test_segments_keep_the_traces_for_the_slowest_listing(settings, tmp_path):
+    settings.DATA_DIR = tmp_path
+    fires = [{"client.send": 0.0, "client.seen": 0.010}]
+
+    trace.segments(fires)
+
+    assert json.loads((tmp_path / trace.DIR_NAME / trace.TRACES_FILE).read_text()) == fires
+
+
+def test_gc_pauses_logged_by_the_traced_processes_are_listed_under_the_fires_they_overlap(tmp_path):
+    (tmp_path / "gc-7.log").write_text("1.010000 3.500 2 12\n5.000000 1.000 1 0\ncut")
+    fires = [{"client.send": 1.0, "client.seen": 1.040}, {"client.send": 2.0, "client.seen": 2.010}]
+
+    pauses = trace.gc_pauses(tmp_path)
+    lines = trace.slowest(fires, 2, pauses)
+
+    assert pauses == [(1.01, 3.5, 2, "7"), (5.0, 1.0, 1, "7")]
+    assert [line.strip() for line in lines if "GC" in line] == [
+        "GC: generation 2 in pid 7, 3.50 ms, at +10.0 ms"
+    ]
