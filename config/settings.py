@@ -245,9 +245,19 @@ AUTOPLANE_WEB_THREADS = env.int("AUTOPLANE_WEB_THREADS", default=4)
 # INTERVAL and chains at most BATCH entries of a chain per transaction.
 AUTOPLANE_AUDIT_MAX_MERGE_DELAY_SECONDS = env.float("AUTOPLANE_AUDIT_MAX_MERGE_DELAY_SECONDS", default=1.0)
 AUTOPLANE_AUDIT_SEQUENCE_INTERVAL_SECONDS = env.float(
-    "AUTOPLANE_AUDIT_SEQUENCE_INTERVAL_SECONDS", default=0.2
+    "AUTOPLANE_AUDIT_SEQUENCE_INTERVAL_SECONDS", default=0.5
 )
+if AUTOPLANE_AUDIT_SEQUENCE_INTERVAL_SECONDS >= AUTOPLANE_AUDIT_MAX_MERGE_DELAY_SECONDS:
+    raise ImproperlyConfigured(
+        "AUTOPLANE_AUDIT_SEQUENCE_INTERVAL_SECONDS must be below AUTOPLANE_AUDIT_MAX_MERGE_DELAY_SECONDS"
+    )
 AUTOPLANE_AUDIT_SEQUENCE_BATCH = env.int("AUTOPLANE_AUDIT_SEQUENCE_BATCH", default=2000)
+# The looping sequencer lowers its own CPU priority by this nice increment (0-19): its
+# passes are background work, and on a busy machine they should yield the CPU to the
+# web and worker processes on a run's path (a pass takes a few ms, so it still keeps the bound).
+AUTOPLANE_AUDIT_SEQUENCER_NICE = env.int("AUTOPLANE_AUDIT_SEQUENCER_NICE", default=10)
+if not 0 <= AUTOPLANE_AUDIT_SEQUENCER_NICE <= 19:
+    raise ImproperlyConfigured("AUTOPLANE_AUDIT_SEQUENCER_NICE must be between 0 and 19")
 AUTOPLANE_AUDIT_CHECKPOINT_SECONDS = env.int("AUTOPLANE_AUDIT_CHECKPOINT_SECONDS", default=300)
 AUTOPLANE_AUDIT_MAX_PAYLOAD_BYTES = env.int("AUTOPLANE_AUDIT_MAX_PAYLOAD_BYTES", default=64 * 1024)
 # Audit ledger truncation (docs/audit.md, "Retention"): 0 keeps the ledger forever.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -216,3 +217,40 @@ def test_a_sequencer_killed_mid_batch_loses_nothing_and_sequences_nothing_twice(
     result = verify_chain("ws-77")
     assert result.ok, result.broken
     assert (result.events, result.waiting) == (total, 0)
+
+
+@pytest.mark.django_db
+def test_the_looping_sequencer_lowers_its_cpu_priority_and_once_does_not(settings, monkeypatch):
+    from audit.management.commands import audit_sequencer
+
+    niced, loops = [], []
+    monkeypatch.setattr(audit_sequencer.os, "nice", niced.append)
+    monkeypatch.setattr(audit_sequencer, "run_forever", lambda **kw: loops.append(kw["interval"]))
+    settings.AUTOPLANE_AUDIT_SEQUENCER_NICE = 10
+
+    call_command("audit_sequencer", "--once", stdout=io.StringIO())
+    assert niced == []
+    call_command("audit_sequencer", stdout=io.StringIO())
+    assert niced == [10]
+    assert loops == [settings.AUTOPLANE_AUDIT_SEQUENCE_INTERVAL_SECONDS]
+
+    settings.AUTOPLANE_AUDIT_SEQUENCER_NICE = 0
+    call_command("audit_sequencer", stdout=io.StringIO())
+    assert niced == [10]
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("AUTOPLANE_AUDIT_SEQUENCE_INTERVAL_SECONDS", "1.0"), ("AUTOPLANE_AUDIT_SEQUENCER_NICE", "20")],
+)
+def test_settings_refuse_a_cadence_that_breaks_the_bound_or_a_bad_nice(variable, value):
+    env = {**os.environ, variable: value, "DJANGO_SETTINGS_MODULE": "config.settings"}
+    result = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"],
+        env=env,
+        cwd=BASE_DIR,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0
+    assert f"ImproperlyConfigured: {variable} must be" in result.stderr

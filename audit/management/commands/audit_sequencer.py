@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 
 from django.conf import settings
@@ -23,11 +24,15 @@ class Command(BaseCommand):
         if once:
             self.stdout.write(f"{sequence_pending()} entries sequenced")
             return
+        if settings.AUTOPLANE_AUDIT_SEQUENCER_NICE:
+            # Background work: on a busy machine the web and worker processes of a run's path go first.
+            os.nice(settings.AUTOPLANE_AUDIT_SEQUENCER_NICE)
         stopping = []
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: stopping.append(True))
         self.stdout.write(
             f"audit sequencer: every {settings.AUTOPLANE_AUDIT_SEQUENCE_INTERVAL_SECONDS:g} s, "
-            f"max merge delay {settings.AUTOPLANE_AUDIT_MAX_MERGE_DELAY_SECONDS:g} s"
+            f"max merge delay {settings.AUTOPLANE_AUDIT_MAX_MERGE_DELAY_SECONDS:g} s, "
+            f"nice +{settings.AUTOPLANE_AUDIT_SEQUENCER_NICE}"
         )
         run_forever(interval=settings.AUTOPLANE_AUDIT_SEQUENCE_INTERVAL_SECONDS, stop=lambda: bool(stopping))
