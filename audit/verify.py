@@ -36,6 +36,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import signal
 from collections.abc import Iterable, Iterator
 from contextlib import closing
 from dataclasses import asdict, dataclass, field
@@ -623,6 +624,9 @@ def verify_all(
 
 
 def _child_init() -> None:
+    # A range walker is ended by the pool's SIGTERM, whatever handler the forking process had.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     for conn in connections.all(initialized_only=True):
         conn.connection = None  # (closed before the fork; never reuse the parent's object)
 

@@ -239,6 +239,25 @@ def test_the_looping_sequencer_lowers_its_cpu_priority_and_once_does_not(setting
     assert niced == [10]
 
 
+@pytest.mark.django_db
+def test_the_looping_sequencer_gives_back_the_signal_handlers_it_took(monkeypatch):
+    """Run in-process, it must not leave its stop handler behind: a process forked later (audit_verify's
+    range walkers) would inherit it and survive its pool's SIGTERM, hanging the pool's exit."""
+    from audit.management.commands import audit_sequencer
+
+    seen = {}
+    monkeypatch.setattr(audit_sequencer.os, "nice", lambda n: None)
+    monkeypatch.setattr(
+        audit_sequencer, "run_forever", lambda **kw: seen.update(term=signal.getsignal(signal.SIGTERM))
+    )
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    call_command("audit_sequencer", stdout=io.StringIO())
+
+    assert seen["term"] not in (before[signal.SIGTERM], signal.SIG_DFL)  # it did take SIGTERM while looping
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+
+
 @pytest.mark.parametrize(
     ("variable", "value"),
     [("AUTOPLANE_AUDIT_SEQUENCE_INTERVAL_SECONDS", "1.0"), ("AUTOPLANE_AUDIT_SEQUENCER_NICE", "20")],

@@ -28,11 +28,21 @@ class Command(BaseCommand):
             # Background work: on a busy machine the web and worker processes of a run's path go first.
             os.nice(settings.AUTOPLANE_AUDIT_SEQUENCER_NICE)
         stopping = []
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, lambda *_: stopping.append(True))
-        self.stdout.write(
-            f"audit sequencer: every {settings.AUTOPLANE_AUDIT_SEQUENCE_INTERVAL_SECONDS:g} s, "
-            f"max merge delay {settings.AUTOPLANE_AUDIT_MAX_MERGE_DELAY_SECONDS:g} s, "
-            f"nice +{settings.AUTOPLANE_AUDIT_SEQUENCER_NICE}"
-        )
-        run_forever(interval=settings.AUTOPLANE_AUDIT_SEQUENCE_INTERVAL_SECONDS, stop=lambda: bool(stopping))
+        # Restored on the way out: run in-process (call_command), a handler left behind would be
+        # inherited by every process forked later, which then survives a SIGTERM (a Pool's terminate).
+        previous = {
+            signum: signal.signal(signum, lambda *_: stopping.append(True))
+            for signum in (signal.SIGTERM, signal.SIGINT)
+        }
+        try:
+            self.stdout.write(
+                f"audit sequencer: every {settings.AUTOPLANE_AUDIT_SEQUENCE_INTERVAL_SECONDS:g} s, "
+                f"max merge delay {settings.AUTOPLANE_AUDIT_MAX_MERGE_DELAY_SECONDS:g} s, "
+                f"nice +{settings.AUTOPLANE_AUDIT_SEQUENCER_NICE}"
+            )
+            run_forever(
+                interval=settings.AUTOPLANE_AUDIT_SEQUENCE_INTERVAL_SECONDS, stop=lambda: bool(stopping)
+            )
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
