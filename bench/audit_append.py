@@ -39,7 +39,7 @@ def _setup() -> None:
     django.setup()
 
 
-def _backend_cpu(connection) -> float | None:
+def backend_cpu(connection) -> float | None:
     """CPU seconds used so far by this connection's PostgreSQL backend, when it runs on this machine."""
     if connection.vendor != "postgresql":
         return 0.0
@@ -62,7 +62,7 @@ def _worker(barrier, results, workspace_id: int, count: int, name: str, batch: i
     connection.ensure_connection()
     writer.append(trace_id=f"bench-{name}", type="bench.warmup", summary="warm up", workspace_id=workspace_id)
     barrier.wait()
-    server_cpu = _backend_cpu(connection)
+    server_cpu = backend_cpu(connection)
     client_cpu = time.process_time()
     start = time.perf_counter()
     for first in range(0, count, batch):
@@ -78,7 +78,7 @@ def _worker(barrier, results, workspace_id: int, count: int, name: str, batch: i
                 )
     finished = time.perf_counter()
     client_cpu = time.process_time() - client_cpu
-    server_after = _backend_cpu(connection)
+    server_after = backend_cpu(connection)
     server_cpu = None if server_cpu is None or server_after is None else server_after - server_cpu
     results.put((name, start, finished, count, client_cpu, server_cpu))
     connection.close()

@@ -39,6 +39,7 @@ from audit.models import AuditChainHead, AuditEvent, HexHashField
 from audit.verify import verify_chain
 from audit.writer import HASHED_FIELDS, canonical_json, chain_for, event_hash
 from automations.models import Automation, AutomationVersion, Run, StepRun
+from bench.audit_append import backend_cpu
 from config.pagination import cursor_token
 from workspaces.models import Role, Workspace
 from workspaces.services import membership_set_role, workspace_get_or_create
@@ -326,19 +327,8 @@ def seed(
 
 
 def _backend_cpu() -> float:
-    """CPU seconds (user + system) of this connection's PostgreSQL backend so far; 0 when it cannot
-    be read (SQLite, or a server on another machine)."""
-    if connection.vendor != "postgresql":
-        return 0.0
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        pid = cursor.fetchone()[0]
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds of this connection's PostgreSQL backend so far; 0 when it cannot be read."""
+    return backend_cpu(connection) or 0.0
 
 
 _SEEDED_TABLES = ("automations_run", "automations_steprun", "audit_auditevent")

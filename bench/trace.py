@@ -129,7 +129,9 @@ def _gc_callback(phase: str, info: dict[str, int]) -> None:
     ms = (time.time() - began) * 1000
     if ms >= GC_MIN_MS:
         with _lock:
-            with open(trace_dir() / f"gc-{os.getpid()}.log", "a") as out:
+            directory = trace_dir()  # a fresh clone's first traced run: not made yet
+            directory.mkdir(parents=True, exist_ok=True)
+            with open(directory / f"gc-{os.getpid()}.log", "a") as out:
                 out.write(f"{began:.6f} {ms:.3f} {info.get('generation')} {info.get('collected')}\n")
 
 

@@ -89,3 +89,14 @@ def test_gc_pauses_logged_by_the_traced_processes_are_listed_under_the_fires_the
     assert [line.strip() for line in lines if "GC" in line] == [
         "GC: generation 2 in pid 7, 3.50 ms, at +10.0 ms"
     ]
+
+
+def test_a_long_gc_pause_is_logged_before_the_trace_directory_exists(tmp_path, settings):
+    settings.DATA_DIR = tmp_path / "fresh-clone-var"  # a first traced run: nothing made yet
+    trace._gc_started[:] = [1_000.0]
+
+    trace._gc_callback("stop", {"generation": 2, "collected": 7})
+
+    [(began, ms, generation, _pid)] = trace.gc_pauses(trace.trace_dir())
+    assert (began, generation) == (1_000.0, 2)
+    assert ms > 0
