@@ -1,7 +1,7 @@
 """``manage.py up`` end to end, on the lane's kind of database and broker.
 
 Embedded lane: a fresh data directory (SQLite + SQLAlchemy broker in it).
-PostgreSQL + Redis lane: a database of its own (``autoplane_uptest``) and
+PostgreSQL + Redis lane: a database of its own (the test database's name + ``_up``) and
 another Redis db than the suite's, so the suite's shared worker cannot take
 the pings meant for ``up``'s workers.
 """
@@ -29,7 +29,6 @@ from django.db import connection
 from config.celery import QUEUES
 from tests.live import REPO, pids_with_env
 
-UP_DATABASE = "autoplane_uptest"
 MARKER = "AUTOPLANE_UP_TEST"
 
 
@@ -50,9 +49,17 @@ def _postgres_admin():
 
 
 def _other_redis_db(url: str) -> str:
+    """The lane's Redis database number + 8 (mod 16): its own, emptied before and after, and on a
+    shared machine not another checkout's lane (each uses its own number: 0 → 8, 4 → 12, ...)."""
     parsed = urlparse(url)
     db = int(parsed.path.lstrip("/") or 0)
-    return urlunparse(parsed._replace(path=f"/{14 if db != 14 else 13}"))
+    return urlunparse(parsed._replace(path=f"/{(db + 8) % 16}"))
+
+
+def _up_database() -> str:
+    """A PostgreSQL database of this test run's own (named after its test database), dropped
+    before and after: never another checkout's."""
+    return f"{connection.settings_dict['NAME']}_up"
 
 
 @pytest.fixture
@@ -74,16 +81,17 @@ def up_env(tmp_path):
         env.update(CELERY_BROKER_URL=broker_url, CELERY_RESULT_BACKEND=backend_url)
         redis_client = redis.Redis.from_url(broker_url)
         redis_client.flushdb()
+    up_database = _up_database()
     if not settings.DATABASE_IS_SQLITE:
         with _postgres_admin() as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {UP_DATABASE} WITH (FORCE)")
-            admin.execute(f"CREATE DATABASE {UP_DATABASE}")
+            admin.execute(f"DROP DATABASE IF EXISTS {up_database} WITH (FORCE)")
+            admin.execute(f"CREATE DATABASE {up_database}")
         params = connection.settings_dict
         auth = params.get("USER") or ""
         if params.get("PASSWORD"):
             auth += f":{params['PASSWORD']}"
         env["DATABASE_URL"] = (
-            f"postgres://{auth}@{params.get('HOST') or 'localhost'}:{params.get('PORT') or 5432}/{UP_DATABASE}"
+            f"postgres://{auth}@{params.get('HOST') or 'localhost'}:{params.get('PORT') or 5432}/{up_database}"
         )
     yield {"env": env, "broker": broker_url, "backend": backend_url, "data_dir": data_dir}
     for pid in pids_with_env(MARKER, env[MARKER]):  # only if the test failed half-way
@@ -92,7 +100,7 @@ def up_env(tmp_path):
         redis_client.flushdb()
     if not settings.DATABASE_IS_SQLITE:
         with _postgres_admin() as admin:
-            admin.execute(f"DROP DATABASE IF EXISTS {UP_DATABASE} WITH (FORCE)")
+            admin.execute(f"DROP DATABASE IF EXISTS {up_database} WITH (FORCE)")
 
 
 def _healthz(port: int) -> tuple[int, dict | None]:
