@@ -40,24 +40,37 @@ class Report:
         print(text, flush=True)
 
 
-def celery_baseline(report: Report, n: int) -> None:
+def celery_round_trips(n: int, *, warm: int = 20) -> list[float]:
+    """``n`` bare Celery no-op round trips (``apply_async().get()`` on the fast queue), in ms."""
     from config.celery import QUEUE_FAST, ping
 
-    for _ in range(20):
+    for _ in range(warm):
         ping.apply_async(queue=QUEUE_FAST).get(timeout=10, interval=POLL)
     latencies = []
     for _ in range(n):
         t = time.perf_counter()
         ping.apply_async(queue=QUEUE_FAST).get(timeout=10, interval=POLL)
         latencies.append((time.perf_counter() - t) * 1000)
+    return latencies
+
+
+def celery_drain(tasks: int) -> float:
+    """Tasks/s when ``tasks`` no-op tasks are sent at once and all their results awaited."""
+    from config.celery import QUEUE_FAST, ping
+
+    t = time.perf_counter()
+    results = [ping.apply_async(queue=QUEUE_FAST) for _ in range(tasks)]
+    for result in results:
+        result.get(timeout=60, interval=POLL)
+    return tasks / (time.perf_counter() - t)
+
+
+def celery_baseline(report: Report, n: int) -> None:
+    latencies = celery_round_trips(n)
     report.add("celery_p50_ms", pct(latencies, 0.5), f"bare celery round trip: p50 {pct(latencies, 0.5):.2f} ms, "
                f"p99 {pct(latencies, 0.99):.2f} ms (n={n})")  # fmt: skip
     report.figures["celery_p99_ms"] = pct(latencies, 0.99)
-    t = time.perf_counter()
-    results = [ping.apply_async(queue=QUEUE_FAST) for _ in range(n * 2)]
-    for result in results:
-        result.get(timeout=60, interval=POLL)
-    rate = n * 2 / (time.perf_counter() - t)
+    rate = celery_drain(n * 2)
     report.add("celery_drain_per_s", rate, f"bare celery drain: {rate:.0f} tasks/s")
 
 

@@ -10,7 +10,8 @@ free port. Then, in one invocation:
    from sending the request to seeing the run final, and the run's own
    ``created_at`` → ``finished_at``. "Seen final" is a poll of the run's status
    every ``--poll-ms`` (the database by default, as the issue measured; ``--see
-   api`` polls ``GET /api/v1/runs/{id}`` over HTTP instead);
+   api`` polls ``GET /api/v1/runs/{id}`` over HTTP instead). The round trips of 1
+   and the fires of 2 are taken in alternating blocks (:func:`alternating`);
 3. sustained runs/s with 8 and 32 HTTP clients (fires from each client back to
    back; runs/s = runs / (first fire → last run seen final)), and the fire
    request's own rate;
@@ -41,7 +42,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 
 from bench import trace
-from bench.engine_bench import FINAL, pct
+from bench.engine_bench import FINAL, celery_drain, celery_round_trips, pct
 from bench.workers import Workers
 
 
@@ -301,12 +302,13 @@ def _server_ms(run_ids: list[str], start: str = "created_at") -> list[float]:
     return [(finished - begun).total_seconds() * 1000 for begun, finished in rows]
 
 
-def latency(port: int, target: Target, seer: Seer, n: int) -> tuple[list[float], list[str]]:
+def latency(port: int, target: Target, seer: Seer, n: int, *, first: int = 0,
+            warm: int = 5) -> tuple[list[float], list[str]]:  # fmt: skip
     client = Client(port)
-    for i in range(5):  # warm every web worker's connection and caches
+    for i in range(warm):  # warm every web worker's connection and caches
         seer.wait(target.fire(client, -i), client)
     observed, ids = [], []
-    for i in range(n):
+    for i in range(first, first + n):
         started = time.perf_counter()
         run_id = target.fire(client, i)
         seer.wait(run_id, client)
@@ -314,6 +316,25 @@ def latency(port: int, target: Target, seer: Seer, n: int) -> tuple[list[float],
         ids.append(run_id)
     client.close()
     return observed, ids
+
+
+BLOCKS = 10
+
+
+def alternating(port: int, target: Target, seer: Seer, n: int) -> tuple[list[float], list[float], list[str]]:
+    """``n`` bare Celery round trips and ``n`` fires → seen final, taken in ``BLOCKS`` alternating
+    blocks, so both sides of each ratio see the same minutes: a machine that slows down or speeds up
+    during the bench moves both, not only the side measured then. Returns (Celery ms, fire ms, run ids)."""
+    celery: list[float] = []
+    observed: list[float] = []
+    ids: list[str] = []
+    for block in range(BLOCKS):
+        count = n // BLOCKS + (1 if block < n % BLOCKS else 0)
+        celery += celery_round_trips(count, warm=20 if block == 0 else 0)
+        block_ms, block_ids = latency(port, target, seer, count, first=len(ids), warm=5 if block == 0 else 0)
+        observed += block_ms
+        ids += block_ids
+    return celery, observed, ids
 
 
 def traced_latency(port: int, target: Target, seer: Seer, n: int) -> list[dict[str, float]]:
@@ -461,7 +482,6 @@ def _ok(flag: bool) -> str:
 
 def run(*, n: int, runs: int, web_workers: int, concurrency: dict[str, int], see: str, poll_ms: float,
         skip: list[str], out: Callable[[str], None], traced: bool = False) -> Table:  # fmt: skip
-    from bench.engine_bench import Report, celery_baseline
     from workspaces.models import Role
     from workspaces.services import api_token_create, workspace_get_or_create
 
@@ -480,16 +500,15 @@ def run(*, n: int, runs: int, web_workers: int, concurrency: dict[str, int], see
     with Topology(web_workers=web_workers, concurrency=concurrency, traced=traced) as topology:
         out(f"starting the up topology on port {topology.port} ({web_workers} web workers, {concurrency})")
         topology.wait_ready()
-        report = Report()
-        celery_baseline(report, n)
-        c50, c99, drain = (
-            report.figures[k] for k in ("celery_p50_ms", "celery_p99_ms", "celery_drain_per_s")
-        )
+        seer = Seer(see, topology.port, setup.api_token, poll_ms / 1000)
+        celery, observed, ids = alternating(topology.port, one, seer, n)
+        c50, c99 = pct(celery, 0.5), pct(celery, 0.99)
+        out(f"bare celery round trip: p50 {c50:.2f} ms, p99 {c99:.2f} ms (n={n}, in {BLOCKS} blocks "
+            f"alternating with the fires')")  # fmt: skip
+        drain = celery_drain(n * 2)
+        out(f"bare celery drain: {drain:.0f} tasks/s")
         table.add("bare Celery round trip", f"p50 {c50:.2f} ms, p99 {c99:.2f} ms", "1×")
         table.add("bare Celery drain", f"{drain:.0f} tasks/s", "1×")
-
-        seer = Seer(see, topology.port, setup.api_token, poll_ms / 1000)
-        observed, ids = latency(topology.port, one, seer, n)
         o50, o99 = pct(observed, 0.5), pct(observed, 0.99)
         table.add(f"fire → seen succeeded over HTTP (client, {see} poll {poll_ms:g} ms), p50",
                   f"{o50:.2f} ms", f"{o50 / c50:.2f}× Celery p50", f"≤ 4× ({_ok(o50 <= 4 * c50)}); aim ≤ 3×")  # fmt: skip
