@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 
 from audit import writer
 from audit.models import AuditChainHead, AuditEvent
-from audit.sequencer import EntryTampered, backlog, sequence_chain, sequence_pending
+from audit.sequencer import FILL_ROWS, EntryTampered, backlog, sequence_chain, sequence_pending
 from audit.verify import verify_chain
 from ops.health import health_report
 from tests.live import live_worker_env
@@ -126,6 +126,22 @@ def test_the_fill_clears_the_entry_hash_and_the_guard_allows_only_that(tamper):
     # ... and cannot come back
     _refused("UPDATE audit_auditevent SET entry_hash = %s WHERE id = %s", [b"\xcc" * 32, first.id])
     assert verify_chain("ws-1").ok
+
+
+@pytest.mark.django_db
+def test_a_large_batch_is_filled_in_short_statements_of_one_transaction():
+    # given more waiting entries than one fill statement takes
+    events = _append(2 * FILL_ROWS + 10)
+    # when the sequencer takes them as one batch
+    with CaptureQueriesContext(connection) as queries:
+        assert sequence_chain("ws-1") == 2 * FILL_ROWS + 10
+    # then they were filled in statements of at most FILL_ROWS rows
+    fills = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE audit_auditevent")]
+    assert len(fills) == 3
+    # and they form one chain in append order that verifies
+    result = verify_chain("ws-1")
+    assert (result.ok, result.events, result.waiting) == (True, 2 * FILL_ROWS + 10, 0)
+    assert [e.id for e in AuditEvent.objects.filter(chain="ws-1").order_by("seq")] == [e.id for e in events]
 
 
 @pytest.mark.django_db
