@@ -17,9 +17,9 @@ workers, the relay's ``LLEN`` and Flower see an ordinary Celery message.
   Celery instrumentation adds its context to the headers there);
 - not inside a worker's task (``send_task`` would set ``parent_id``/``root_id``).
 
-Loaded on first use only: the embedded lane never imports ``redis``. The client is
-redis-py's, thread-safe, one per process (its pool reconnects after a fork); a
-failure raises, as ``send_task`` would, and the caller's run stays queued for the relay.
+Loaded on first use only: the embedded lane never imports ``redis``. Each thread pushes
+on its own connection (:mod:`config.redis_direct`); a failure raises, as ``send_task``
+would, and the caller's run stays queued for the relay.
 """
 
 from __future__ import annotations
@@ -34,9 +34,8 @@ from typing import Any
 
 import redis
 from celery import signals
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
+from config import redis_direct
 from config.celery import app
 
 _ALLOWED_TRANSPORT_OPTIONS = {"visibility_timeout"}
@@ -69,16 +68,6 @@ def usable() -> bool:
         and not signals.after_task_publish.receivers
         and app.current_worker_task is None
     )
-
-
-@functools.cache
-def _client(url: str) -> redis.Redis:
-    # One retry on a fresh connection: a pooled connection the server closed (a broker restart)
-    # is replaced, as kombu's publish retry would; a broker that is down fails at once.
-    return redis.Redis.from_url(
-        url, socket_timeout=SOCKET_TIMEOUT_SECONDS, socket_connect_timeout=SOCKET_TIMEOUT_SECONDS,
-        retry=Retry(NoBackoff(), 1),
-    )  # fmt: skip
 
 
 @functools.cache
@@ -116,7 +105,30 @@ def message(name: str, args: list[str], queue: str, task_id: str, delivery_tag: 
 
 
 def publish(name: str, args: list[str], queue: str) -> str:
-    """Push the task message onto ``queue``; returns its task id. Raises when Redis fails."""
+    """Push the task message onto ``queue``; returns its task id. Raises when Redis fails.
+
+    On the thread's own connection (:mod:`config.redis_direct`), retried once on a fresh
+    one when the connection fails, as kombu's publish retry would (a broker restart); a
+    broker that is down fails at once.
+    """
     task_id = str(uuid.uuid4())
-    _client(app.conf.broker_url).lpush(queue, message(name, args, queue, task_id, str(uuid.uuid4())))
-    return task_id
+    url = app.conf.broker_url
+    packed: list[bytes] | None = None
+    for attempt in (1, 2):
+        try:
+            conn = redis_direct.connection(url, SOCKET_TIMEOUT_SECONDS)
+            if packed is None:
+                packed = conn.pack_command(
+                    "LPUSH", queue, message(name, args, queue, task_id, str(uuid.uuid4()))
+                )
+            conn.send_packed_command(packed, check_health=False)
+            conn.read_response()
+            return task_id
+        except (redis.ConnectionError, redis.TimeoutError):
+            redis_direct.discard(url)
+            if attempt == 2:
+                raise
+        except BaseException:
+            redis_direct.discard(url)
+            raise
+    raise AssertionError("unreachable")

@@ -154,7 +154,7 @@ def test_starting_django_does_not_import_another_lanes_broker_client(lane, unwan
         "import sys, django; django.setup(); "
         "import config.celery, config.urls; "
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {unwanted!r} "
-        "or m in ('config.embedded_broker', 'triggers.rate_limit_redis')))"
+        "or m in ('config.embedded_broker', 'config.redis_direct', 'triggers.rate_limit_redis')))"
     )
     keep = {k: v for k, v in os.environ.items() if k not in (
         "DATABASE_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "AUTOPLANE_RATE_LIMIT_REDIS_URL"

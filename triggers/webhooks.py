@@ -309,20 +309,33 @@ def webhook_principals(trigger: Trigger) -> tuple[int, ...]:
 
 def rate_limit_hit(trigger: Trigger, limit: int, now: float | None = None) -> int | None:
     """Count one attempt; ``None`` when within ``limit`` per minute, else the seconds to wait."""
+    return rate_limit_start(trigger, limit, now)()
+
+
+def rate_limit_start(trigger: Trigger, limit: int, now: float | None = None) -> Callable[[], int | None]:
+    """Count one attempt as :func:`rate_limit_hit` does, in two halves: this call sends the count to
+    Redis, the function it returns reads the answer (``None`` or the seconds to wait), so that the
+    caller can do its own work meanwhile. In the database the count is made by the second half."""
     now = time.time() if now is None else now
     window = int(now // 60)
-    hits = _redis_hits(trigger, window) if settings.AUTOPLANE_RATE_LIMIT_REDIS_URL else None
-    if hits is None:
-        hits = _database_hits(trigger, window)
-    if hits <= limit:
-        return None
-    return max(1, int((window + 1) * 60 - now + 0.999))
+    url = settings.AUTOPLANE_RATE_LIMIT_REDIS_URL
+    redis_hits = (
+        import_module(REDIS_RATE_LIMIT_MODULE).count_start(
+            url, f"autoplane:webhook-rate:{trigger.pk}:{window}"
+        )
+        if url
+        else None
+    )
 
+    def answer() -> int | None:
+        hits = redis_hits() if redis_hits is not None else None
+        if hits is None:
+            hits = _database_hits(trigger, window)
+        if hits <= limit:
+            return None
+        return max(1, int((window + 1) * 60 - now + 0.999))
 
-def _redis_hits(trigger: Trigger, window: int) -> int | None:
-    """The window's count after this attempt, counted in Redis; None if Redis fails."""
-    key = f"autoplane:webhook-rate:{trigger.pk}:{window}"
-    return import_module(REDIS_RATE_LIMIT_MODULE).window_hits(settings.AUTOPLANE_RATE_LIMIT_REDIS_URL, key)
+    return answer
 
 
 def _database_hits(trigger: Trigger, window: int) -> int:
@@ -504,10 +517,47 @@ def webhook_fire(request: FireRequest, *, now: datetime | None = None) -> Dispat
 def _fire(trigger: Trigger, request: FireRequest, now: datetime) -> DispatchResult:
     config = trigger.config
     limit = int(config.get("rate_limit_per_minute") or DEFAULT_RATE_LIMIT_PER_MINUTE)
-    retry_after = rate_limit_hit(trigger, limit, now.timestamp())
+    # The count goes to Redis now and its answer is read once the body is checked: a refusal
+    # for the body (415, 413, 401 signature, 400, 422) still comes after a 429, as it did.
+    rate_limited = rate_limit_start(trigger, limit, now.timestamp())
+    try:
+        checked = _checked_body(trigger, request, now)
+    except WebhookRejected:
+        _refuse_if_limited(rate_limited(), limit)
+        raise
+    except BaseException:
+        rate_limited()  # read the answer all the same: the connection is the thread's
+        raise
+    _refuse_if_limited(rate_limited(), limit)
+    body, inputs, dedupe = checked
+
+    try:
+        return dispatch(
+            DispatchRequest(
+                automation_id=trigger.automation_id, inputs=inputs, trigger_type="webhook",
+                trigger_key=trigger.key, trigger_id=trigger.pk, trigger_payload=body,
+                triggered_by=f"webhook:{trigger.key}", dedupe=dedupe,
+                last_fired_at=trigger.last_fired_at or trigger.created_at,
+                principal_ids=webhook_principals(trigger), automation=trigger.automation,
+                touch=(Trigger, trigger.pk, {"last_fired_at": now}),
+            )
+        )  # fmt: skip
+    except DispatchError as exc:
+        raise WebhookRejected(exc.http_status, exc.code, exc.message, reason=f"dispatch: {exc.code}",
+                              errors=exc.errors) from None  # fmt: skip
+
+
+def _refuse_if_limited(retry_after: int | None, limit: int) -> None:
     if retry_after is not None:
         raise WebhookRejected(429, "RATE_LIMITED", f"more than {limit} fires a minute for this trigger",
                               reason="rate limited", headers={"Retry-After": str(retry_after)})  # fmt: skip
+
+
+def _checked_body(
+    trigger: Trigger, request: FireRequest, now: datetime
+) -> tuple[dict[str, Any], dict[str, Any], Dedupe | None]:
+    """The body, the run's inputs and the dedupe key: checks 3 to 7 of the module's list."""
+    config = trigger.config
     if not _is_json(request.headers.get("Content-Type")):
         raise WebhookRejected(415, "UNSUPPORTED_MEDIA_TYPE", "the body must be application/json",
                               reason="content type not JSON")  # fmt: skip
@@ -529,18 +579,4 @@ def _fire(trigger: Trigger, request: FireRequest, now: datetime) -> DispatchResu
         raise WebhookRejected(422, "UNPROCESSABLE", f"the trigger's {exc}",
                               reason=f"input mapping: {exc}") from None  # fmt: skip
     dedupe = Dedupe(scope=f"trigger:{trigger.pk}", key=key, request_hash=request_hash(body)) if key else None
-
-    try:
-        return dispatch(
-            DispatchRequest(
-                automation_id=trigger.automation_id, inputs=inputs, trigger_type="webhook",
-                trigger_key=trigger.key, trigger_id=trigger.pk, trigger_payload=body,
-                triggered_by=f"webhook:{trigger.key}", dedupe=dedupe,
-                last_fired_at=trigger.last_fired_at or trigger.created_at,
-                principal_ids=webhook_principals(trigger), automation=trigger.automation,
-                touch=(Trigger, trigger.pk, {"last_fired_at": now}),
-            )
-        )  # fmt: skip
-    except DispatchError as exc:
-        raise WebhookRejected(exc.http_status, exc.code, exc.message, reason=f"dispatch: {exc.code}",
-                              errors=exc.errors) from None  # fmt: skip
+    return body, inputs, dedupe

@@ -47,9 +47,9 @@ redis_lane = pytest.mark.skipif(
 
 
 def _pop(queue: str) -> str:
-    from config import redis_publish
+    import redis
 
-    client = redis_publish._client(app.conf.broker_url)
+    client = redis.Redis.from_url(app.conf.broker_url)
     try:
         raw = client.rpop(queue)
         assert client.llen(queue) == 0
@@ -124,18 +124,18 @@ def test_with_a_publish_signal_receiver_or_a_countdown_the_message_goes_by_send_
 def test_a_direct_publish_to_a_broker_that_is_down_leaves_the_run_accepted_for_the_relay(
     workspace, api, monkeypatch, caplog
 ):
-    import redis
-
     from automations import services
     from automations.models import Run, RunStatus
-    from config import redis_publish
     from tests.factories import definition, transform
 
     with socket.socket() as closed:  # a port nothing listens on
         closed.bind(("127.0.0.1", 0))
         port = closed.getsockname()[1]
+    from config import redis_direct
+
+    real = redis_direct.connection
     monkeypatch.setattr(
-        redis_publish, "_client", lambda url: redis.Redis(port=port, socket_connect_timeout=1)
+        redis_direct, "connection", lambda url, timeout: real(f"redis://127.0.0.1:{port}/0", 1)
     )
     automation = services.automation_create(
         workspace=workspace, definition=definition(plan=[transform("a", "x")])
@@ -146,3 +146,25 @@ def test_a_direct_publish_to_a_broker_that_is_down_leaves_the_run_accepted_for_t
     assert response.status_code == 202, response.content
     assert Run.objects.get(pk=response.json()["run_id"]).status == RunStatus.QUEUED
     assert "committed but not published" in caplog.text
+
+
+@redis_lane
+def test_the_direct_publish_reuses_the_thread_connection_and_survives_the_server_closing_it():
+    import redis
+
+    from config import redis_direct
+
+    queue, url = f"test-publish-{uuid.uuid4().hex[:8]}", app.conf.broker_url
+    client = redis.Redis.from_url(url)
+    try:
+        publish_run(str(uuid.uuid4()), queue)
+        first = redis_direct.connection(url, 1.0)
+        publish_run(str(uuid.uuid4()), queue)
+        assert redis_direct.connection(url, 1.0) is first
+        host, port = first._sock.getsockname()[:2]
+        client.client_kill(f"{host}:{port}")  # a broker restart, as the connection sees it
+        publish_run(str(uuid.uuid4()), queue)
+
+        assert client.llen(queue) == 3
+    finally:
+        client.delete(queue, f"_kombu.binding.{queue}")

@@ -489,28 +489,24 @@ def test_a_rate_limit_redis_client_failing_outside_its_own_errors_falls_back_to_
     # redis-py has been seen to end a handshake timeout in ValueError ("I/O operation on closed
     # file"), not a RedisError: the fire must still be counted, in the database, not answered 500.
     pytest.importorskip("redis")
-    from triggers import rate_limit_redis
+    from config import redis_direct
 
-    class BrokenClient:
-        cleared = 0
+    discarded: list[str] = []
 
-        def __call__(self, url):
-            raise ValueError("I/O operation on closed file.")
+    def broken(url, timeout):
+        raise ValueError("I/O operation on closed file.")
 
-        def cache_clear(self):
-            self.cleared += 1
-
-    broken = BrokenClient()
     _, trigger, _ = hook()
     settings.AUTOPLANE_RATE_LIMIT_REDIS_URL = "redis://127.0.0.1:6379/14"
-    monkeypatch.setattr(rate_limit_redis, "_client", broken)
+    monkeypatch.setattr(redis_direct, "connection", broken)
+    monkeypatch.setattr(redis_direct, "discard", discarded.append)
     now = 1_800_000_200.0
 
     hits = [webhooks.rate_limit_hit(trigger, 1, now + i) for i in range(2)]
 
     assert hits == [None, 39]
     assert WebhookRateWindow.objects.get(trigger=trigger).hits == 2
-    assert broken.cleared == 2  # a fresh client next time
+    assert discarded == ["redis://127.0.0.1:6379/14"] * 2  # a fresh connection next time
     assert "Redis client failed" in caplog.text
 
 
@@ -528,6 +524,53 @@ def test_fires_past_the_rate_limit_are_429_with_retry_after(db, hook, monkeypatc
     assert response.json()["error"]["code"] == "RATE_LIMITED"
     assert Run.objects.count() == 3
     assert _rejections()[-1].payload["status"] == 429
+
+
+@pytest.mark.parametrize(
+    ("body", "headers"),
+    [
+        (b"<xml/>", {"content_type": "text/xml"}),  # 415
+        (b"[1, 2]", {}),  # 400
+        (b"{", {}),  # 400
+        (b"x" * (webhooks.MAX_BODY_BYTES + 1), {}),  # 413
+    ],
+)
+def test_past_the_rate_limit_a_bad_body_is_still_429(db, hook, monkeypatch, body, headers):
+    # The count is answered while the body is checked: the limit's refusal still comes first.
+    automation, _, token = hook(rate_limit_per_minute=1)
+    clock = datetime(2027, 1, 15, 10, 0, 15, tzinfo=UTC)
+    monkeypatch.setattr(webhooks, "timezone", SimpleNamespace(now=lambda: clock))
+    assert fire(APIClient(), automation.pk, {}, token=token).status_code == 202
+
+    response = fire(APIClient(), automation.pk, body, token=token, **headers)
+
+    assert response.status_code == 429, response.content
+    assert response.json()["error"]["code"] == "RATE_LIMITED"
+    assert response["Retry-After"] == "45"
+    assert Run.objects.count() == 1
+
+
+@pytest.mark.skipif(not settings.AUTOPLANE_RATE_LIMIT_REDIS_URL, reason="the Redis lane counts in Redis")
+def test_the_rate_limit_keeps_one_redis_connection_per_thread_and_replaces_a_closed_one(db, hook):
+    from config import redis_direct
+
+    _, trigger, _ = hook()
+    url = settings.AUTOPLANE_RATE_LIMIT_REDIS_URL
+    now = 1_800_000_260.0
+    assert webhooks.rate_limit_hit(trigger, 5, now) is None
+    first = redis_direct.connection(url, 1.0)
+    assert webhooks.rate_limit_hit(trigger, 5, now + 1) is None
+    assert redis_direct.connection(url, 1.0) is first  # reused, not one per command
+
+    # The server ends the session (a restart, CLIENT KILL): the next count still goes to Redis.
+    client = redis.Redis.from_url(url)
+    host, port = first._sock.getsockname()[:2]
+    client.client_kill(f"{host}:{port}")
+    time.sleep(0.05)
+    assert webhooks.rate_limit_hit(trigger, 5, now + 2) is None
+
+    assert not WebhookRateWindow.objects.exists()
+    assert int(client.get(f"autoplane:webhook-rate:{trigger.pk}:{int(now // 60)}")) == 3
 
 
 # --- concurrency (separate connections: committed data) --------------------------------------------------
