@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from typing import Any
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connections, router
+from django.db.models.base import ModelState
 from django.utils import timezone
 
 from .models import AuditEvent, Outcome
@@ -51,6 +53,7 @@ def chain_for(workspace_id: int | None) -> str:
 
 # One encoder instance: json.dumps(..., cls=...) would build a new one per call.
 _ENCODER = DjangoJSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+_encode_text = json.encoder.encode_basestring  # what _ENCODER writes a str as (see _entry_hash)
 _OUTCOMES = frozenset(Outcome.values)
 
 
@@ -104,21 +107,68 @@ def _clean(value: Any) -> Any:
 
 
 def _jsonable(value: Any) -> Any:
-    return _clean(json.loads(canonical_json(value)))
+    return _jsonable_text(value)[0]
 
 
-def _cap_payload(payload: dict[str, Any]) -> dict[str, Any]:
-    text = canonical_json(payload)
+# In a canonical text, what _clean may change: a NUL, NaN or an infinity, -0.0, a float of 1e16
+# or more (repr writes those with an exponent). Seen anywhere (in a string too), the text is made
+# afresh from the cleaned value, as it is when the text is not UTF-8 (a lone surrogate).
+_UNCLEAN = re.compile(r"\\u0000|NaN|Infinity|-0\.0|e\+")
+
+
+class _Unsorted(Exception):
+    pass
+
+
+def _sorted_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # An object whose keys are not strictly increasing came from keys that were not all
+    # strings (1 and "1", 10 and 9): the cleaned value's own encoding sorts them otherwise.
+    for i in range(1, len(pairs)):
+        if pairs[i - 1][0] >= pairs[i][0]:
+            raise _Unsorted
+    return dict(pairs)
+
+
+_SORTED_DECODER = json.JSONDecoder(object_pairs_hook=_sorted_object)
+
+
+def _jsonable_text(value: Any) -> tuple[Any, str]:
+    """``value`` as it comes back from the database (a fresh copy, see :func:`_clean`) and its
+    canonical JSON: the same text as ``canonical_json(_jsonable(value))``, most often without
+    encoding twice."""
+    text = canonical_json(value)
+    if _UNCLEAN.search(text) or not _utf8(text):
+        clean = _clean(json.loads(text))
+        return clean, canonical_json(clean)
+    try:
+        return _SORTED_DECODER.decode(text), text
+    except _Unsorted:
+        clean = _clean(json.loads(text))
+        return clean, canonical_json(clean)
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _cap_payload(payload: dict[str, Any], text: str | None = None) -> tuple[dict[str, Any], str]:
+    """The payload, or what stands for it when it is too large; with its canonical JSON."""
+    text = canonical_json(payload) if text is None else text
     size = len(text.encode())
     limit = settings.AUTOPLANE_AUDIT_MAX_PAYLOAD_BYTES
     if size <= limit:
-        return payload
-    return {
+        return payload, text
+    capped = {
         "truncated": True,
         "original_bytes": size,
         "sha256": hashlib.sha256(text.encode()).hexdigest(),
         "preview": _clean_text(text[: min(2048, limit // 2)]),
     }
+    return capped, canonical_json(capped)
 
 
 def entry_hash(fields: dict[str, Any]) -> str:
@@ -130,6 +180,24 @@ def entry_hash(fields: dict[str, Any]) -> str:
     material = {name: fields[name] for name in CONTENT_FIELDS}
     material["timestamp"] = format_timestamp(material["timestamp"])
     return hashlib.sha256(canonical_json(material).encode()).hexdigest()
+
+
+def _entry_hash(fields: dict[str, Any], refs: str, payload: str) -> str:
+    """:func:`entry_hash`, given the canonical JSON of refs and payload: the same text, spliced.
+
+    The canonical JSON of a dict is its sorted keys' ``"key":value`` pairs joined by commas in
+    braces, each value encoded on its own (a string by ``encode_basestring``, as the encoder
+    does without ``ensure_ascii``); the content fields sort as actor, chain, outcome, payload,
+    refs, stage, summary, timestamp, trace_id, type, workspace_id. All but the last are text."""
+    text = _encode_text
+    workspace_id = fields["workspace_id"]
+    material = (
+        f'{{"actor":{text(fields["actor"])},"chain":{text(fields["chain"])},"outcome":{text(fields["outcome"])},'
+        f'"payload":{payload},"refs":{refs},"stage":{text(fields["stage"])},"summary":{text(fields["summary"])},'
+        f'"timestamp":{text(format_timestamp(fields["timestamp"]))},"trace_id":{text(fields["trace_id"])},'
+        f'"type":{text(fields["type"])},"workspace_id":{"null" if workspace_id is None else int(workspace_id)}}}'
+    )
+    return hashlib.sha256(material.encode()).hexdigest()
 
 
 _COLUMNS = ("chain", "timestamp", "trace_id", "stage", "type", "summary", "outcome",
@@ -150,8 +218,8 @@ def _insert_sql(
             timestamp = connection.ops.adapt_datetimefield_value(timestamp)
         params += [
             fields["chain"], timestamp, fields["trace_id"], fields["stage"], fields["type"], fields["summary"],
-            fields["outcome"], fields["workspace_id"], canonical_json(fields["refs"]), fields["actor"],
-            canonical_json(fields["payload"]), bytes.fromhex(fields["entry_hash"]),
+            fields["outcome"], fields["workspace_id"], _text(fields, "refs"), fields["actor"],
+            _text(fields, "payload"), bytes.fromhex(fields["entry_hash"]),
         ]  # fmt: skip
     # Placeholders only: no value is ever formatted into the statement.
     rows = ", ".join([row] * len(entries))
@@ -170,11 +238,33 @@ def _insert(connection, entries: list[dict[str, Any]], *, events: bool = True) -
         return []
     saved = []
     for event_id, fields in zip(sorted(ids), entries, strict=True):
-        event = AuditEvent(id=event_id, **fields)
+        event = _event(fields, id=event_id)
         event._state.adding = False
         event._state.db = connection.alias
         saved.append(event)
     return saved
+
+
+def _text(fields: dict[str, Any], name: str) -> str:
+    """The canonical JSON of ``fields[name]`` (refs or payload), as :func:`_fields` made it."""
+    texts = fields.get(_TEXTS)
+    return texts[name] if texts is not None else canonical_json(fields[name])
+
+
+_TEXTS = "_texts"  # in the fields _fields returns: the canonical JSON of refs and payload
+_UNSET = {field.attname: None for field in AuditEvent._meta.concrete_fields}
+
+
+def _event(fields: dict[str, Any], id: int | None = None) -> AuditEvent:
+    """``AuditEvent(id=id, **fields)`` (without its texts), made without Model.__init__'s cost:
+    every column is in ``fields`` but the id and the three a sequencer fills (None until then)."""
+    event = AuditEvent.__new__(AuditEvent)
+    event.__dict__.update(_UNSET)
+    event.__dict__.update(fields)
+    event.__dict__.pop(_TEXTS, None)
+    event.id = id
+    event._state = ModelState()
+    return event
 
 
 class _Batch(threading.local):
@@ -245,7 +335,7 @@ def append(
                      stage=stage, refs=refs, actor=actor, payload=payload, secrets=secrets)  # fmt: skip
     if _batch.entries is not None:
         _batch.entries.append(fields)
-        return AuditEvent(**fields)
+        return _event(fields)
     connection = connections[router.db_for_write(AuditEvent)]
     if connection.vendor not in ("postgresql", "sqlite"):
         raise NotImplementedError(f"the audit ledger supports PostgreSQL and SQLite, not {connection.vendor}")
@@ -276,13 +366,16 @@ def _fields(
         "summary": _clean_text(redact(str(summary), secrets))[:500],
         "outcome": str(outcome),
         "workspace_id": None if workspace_id is None else int(workspace_id),
-        "refs": _jsonable(redact(refs or {}, secrets)),
         "actor": _clean_text(str(actor))[:200],
-        "payload": _cap_payload(_jsonable(redact(payload or {}, secrets))),
     }
     for name, limit in _FIELD_LIMITS.items():
         if len(fields[name]) > limit:
             raise ValueError(f"audit {name} longer than {limit} characters")
+    fields["refs"], refs_text = _jsonable_text(redact(refs or {}, secrets) if secrets else refs or {})
+    fields["payload"], payload_text = _cap_payload(
+        *_jsonable_text(redact(payload or {}, secrets) if secrets else payload or {})
+    )
     fields["timestamp"] = timezone.now()
-    fields["entry_hash"] = entry_hash(fields)
+    fields["entry_hash"] = _entry_hash(fields, refs_text, payload_text)
+    fields[_TEXTS] = {"refs": refs_text, "payload": payload_text}
     return fields
