@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -186,20 +187,24 @@ class RunRecorder:
             self._kept = []
             self._commit_with_end = len(connection.atomic_blocks) == 1
 
-    def _end_run(self, fields: dict[str, Any]) -> None:
-        """The run's final UPDATE: at once, or kept for :meth:`_send_kept`, fenced all the same."""
+    def _end_run(self, fields: dict[str, Any]) -> Callable[[], None]:
+        """The run's final UPDATE: at once, or kept for :meth:`_send_kept`, fenced all the same.
+
+        Returns what logs the change (:func:`log_change`) once a kept UPDATE was sent: the
+        line is then written after the run's end reached the database, not on its way there."""
         if self._kept is None:
             self._update_run(**fields)
-            return
+            return _nothing
         check_transition(self.run.status, fields["status"])
         fields = {**self._pending, **fields}
         self._pending = {}
         self._kept.append((self._run_update(fields), None))
         error = fields.get("error") or {}
-        log_change(self.run.pk, fields["status"], old=self.run.status,
-                   detail=f"{error.get('code', '')} {error.get('message', '')}".strip()[:200])  # fmt: skip
+        logged = partial(log_change, self.run.pk, fields["status"], old=self.run.status,
+                         detail=f"{error.get('code', '')} {error.get('message', '')}".strip()[:200])  # fmt: skip
         for name, value in fields.items():
             setattr(self.run, name, value)
+        return logged
 
     def _run_update(self, fields: dict[str, Any]) -> one_round_trip.Statement:
         """The fenced UPDATE, made to stop the query it is sent in when its fence misses.
@@ -411,10 +416,8 @@ class RunRecorder:
 
     def _finish(self, status: str, *, output: Any = None, error: dict | None = None) -> None:
         with transaction.atomic(savepoint=False):
-            self._end_run({"status": status, "output": output, "error": error, "finished_at": timezone.now(),
-                           "claimed_by": "", "lease_expires_at": None})  # fmt: skip
-            instruments.run_finished(status=status, queue=self.run.queue, created_at=self.run.created_at,
-                                     finished_at=self.run.finished_at)  # fmt: skip
+            logged = self._end_run({"status": status, "output": output, "error": error,
+                                    "finished_at": timezone.now(), "claimed_by": "", "lease_expires_at": None})  # fmt: skip
             if status != RunStatus.SUCCEEDED:
                 skip_unreached(
                     self.run, status, {index for (phase, index) in self.step_runs if phase == PLAN}
@@ -439,7 +442,15 @@ class RunRecorder:
                 else:  # its subscriber check is part of its INSERT, sent with the run's other final writes
                     self._kept.append(events.publish_statement(**event))
             self._send_kept(last=True)
+        # Once the run's end was sent (with its COMMIT, when it carries it): not on its way.
+        logged()
+        instruments.run_finished(status=status, queue=self.run.queue, created_at=self.run.created_at,
+                                 finished_at=self.run.finished_at)  # fmt: skip
         run_settled(self.run)
+
+
+def _nothing() -> None:
+    pass
 
 
 def backoff_seconds(kind: str, attempt: int) -> float:
