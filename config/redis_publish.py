@@ -30,6 +30,7 @@ import json
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -104,12 +105,15 @@ def message(name: str, args: list[str], queue: str, task_id: str, delivery_tag: 
     return json.dumps(document)
 
 
-def publish(name: str, args: list[str], queue: str) -> str:
-    """Push the task message onto ``queue``; returns its task id. Raises when Redis fails.
+def publish(name: str, args: list[str], queue: str, *, on_lost: Callable[[BaseException], None]) -> str:
+    """Push the task message onto ``queue``; returns its task id. Raises when it cannot be sent.
 
     On the thread's own connection (:mod:`config.redis_direct`), retried once on a fresh
-    one when the connection fails, as kombu's publish retry would (a broker restart); a
-    broker that is down fails at once.
+    one when sending fails, as kombu's publish retry would (a broker restart); a broker
+    that is down fails at once. Redis' reply is not waited for: nothing the caller
+    answers depends on it (the run is committed, and a run whose message is lost is
+    published by the relay). It is read before the thread's next publish, and
+    ``on_lost(error)`` called then if the push failed.
     """
     task_id = str(uuid.uuid4())
     url = app.conf.broker_url
@@ -122,13 +126,13 @@ def publish(name: str, args: list[str], queue: str) -> str:
                     "LPUSH", queue, message(name, args, queue, task_id, str(uuid.uuid4()))
                 )
             conn.send_packed_command(packed, check_health=False)
-            conn.read_response()
+            redis_direct.sent_unanswered(url, SOCKET_TIMEOUT_SECONDS, on_lost)
             return task_id
         except (redis.ConnectionError, redis.TimeoutError):
-            redis_direct.discard(url)
+            redis_direct.discard(url, SOCKET_TIMEOUT_SECONDS)
             if attempt == 2:
                 raise
         except BaseException:
-            redis_direct.discard(url)
+            redis_direct.discard(url, SOCKET_TIMEOUT_SECONDS)
             raise
     raise AssertionError("unreachable")

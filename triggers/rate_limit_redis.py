@@ -44,7 +44,7 @@ def count_start(url: str, key: str) -> Callable[[], int | None]:
             conn.pack_commands([("INCR", key), ("EXPIRE", key, WINDOW_TTL_SECONDS)]), check_health=False
         )
     except Exception as exc:
-        redis_direct.discard(url)
+        redis_direct.discard(url, SOCKET_TIMEOUT_SECONDS)
         _failed(exc)
         return lambda: None
 
@@ -54,7 +54,7 @@ def count_start(url: str, key: str) -> Callable[[], int | None]:
             conn.read_response()
             return int(count)
         except Exception as exc:
-            redis_direct.discard(url)
+            redis_direct.discard(url, SOCKET_TIMEOUT_SECONDS)
             _failed(exc)
             return None
 

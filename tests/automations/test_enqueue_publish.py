@@ -80,9 +80,9 @@ def test_publish_run_pushes_one_execute_message_directly_and_sends_no_signal():
     calls: list[tuple] = []
     original = redis_publish.publish
 
-    def counted(*args):
+    def counted(*args, **kwargs):
         calls.append(args)
-        return original(*args)
+        return original(*args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(redis_publish, "publish", counted)
@@ -101,7 +101,7 @@ def test_publish_run_pushes_one_execute_message_directly_and_sends_no_signal():
 def test_with_a_publish_signal_receiver_or_a_countdown_the_message_goes_by_send_task(monkeypatch):
     from config import redis_publish
 
-    monkeypatch.setattr(redis_publish, "publish", lambda *args: pytest.fail("published directly"))
+    monkeypatch.setattr(redis_publish, "publish", lambda *args, **kwargs: pytest.fail("published directly"))
     sent: list = []
     monkeypatch.setattr(app, "send_task", lambda name, **options: sent.append(options))
 
@@ -168,3 +168,29 @@ def test_the_direct_publish_reuses_the_thread_connection_and_survives_the_server
         assert client.llen(queue) == 3
     finally:
         client.delete(queue, f"_kombu.binding.{queue}")
+
+
+@redis_lane
+def test_a_push_that_redis_refuses_is_reported_when_its_reply_is_read_before_the_next_publish(caplog):
+    # The fire is answered without waiting for the LPUSH's reply (the run is committed either
+    # way); a refused push is logged for the relay when the thread publishes next.
+    import redis
+
+    queue, other, url = (
+        f"test-publish-{uuid.uuid4().hex[:8]}",
+        f"test-publish-{uuid.uuid4().hex[:8]}",
+        app.conf.broker_url,
+    )
+    refused, accepted = str(uuid.uuid4()), str(uuid.uuid4())
+    client = redis.Redis.from_url(url)
+    client.set(queue, "not a list")  # LPUSH answers WRONGTYPE
+    try:
+        publish_run(refused, queue)
+        assert "committed but not published" not in caplog.text
+        publish_run(accepted, other)
+
+        assert f"run {refused} committed but not published" in caplog.text
+        assert accepted not in caplog.text
+        assert client.llen(other) == 1
+    finally:
+        client.delete(queue, other, f"_kombu.binding.{other}")

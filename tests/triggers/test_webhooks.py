@@ -499,7 +499,7 @@ def test_a_rate_limit_redis_client_failing_outside_its_own_errors_falls_back_to_
     _, trigger, _ = hook()
     settings.AUTOPLANE_RATE_LIMIT_REDIS_URL = "redis://127.0.0.1:6379/14"
     monkeypatch.setattr(redis_direct, "connection", broken)
-    monkeypatch.setattr(redis_direct, "discard", discarded.append)
+    monkeypatch.setattr(redis_direct, "discard", lambda url, timeout: discarded.append(url))
     now = 1_800_000_200.0
 
     hits = [webhooks.rate_limit_hit(trigger, 1, now + i) for i in range(2)]
