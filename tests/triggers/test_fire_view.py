@@ -104,3 +104,17 @@ def test_the_fire_route_is_tried_first_and_shadows_no_other_route(automation_id)
     others = URLResolver(RegexPattern(r"^/api/v1/"), api_urls.urlpatterns[1:])
     with pytest.raises(Resolver404):
         others.resolve(path)
+
+
+def test_the_fire_views_headers_read_meta_as_django_does():
+    request = RequestFactory().post(
+        "/x", b"{}", content_type="application/json; charset=utf-8",
+        HTTP_AUTHORIZATION="Bearer t", HTTP_IDEMPOTENCY_KEY="k", HTTP_WEBHOOK_ID="msg_1",
+        HTTP_CONTENT_ENCODING="gzip",
+    )  # fmt: skip
+    mine = views._MetaHeaders(request.META)
+
+    for name in ("Authorization", "authorization", "Content-Type", "content-type", "Content-Length",
+                 "Content-Encoding", "Idempotency-Key", "webhook-id", "Webhook-Id", "webhook-signature"):  # fmt: skip
+        assert mine.get(name) == request.headers.get(name), name
+    assert dict(mine) == dict(request.headers)

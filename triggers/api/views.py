@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+
 from django.http import HttpRequest, HttpResponse
+from django.http.request import HttpHeaders
 from django.shortcuts import get_object_or_404
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.types import OpenApiTypes
@@ -147,6 +150,26 @@ def _rendered(response: Response) -> Response:
     return response
 
 
+class _MetaHeaders(Mapping[str, str]):
+    """``request.headers`` for the few headers a fire asks for, each read from ``META`` when asked:
+    Django's ``HttpHeaders`` converts every ``META`` key's name on construction."""
+
+    __slots__ = ("_meta",)
+
+    def __init__(self, meta: Mapping[str, str]):
+        self._meta = meta
+
+    def __getitem__(self, name: str) -> str:
+        key = name.upper().replace("-", "_")
+        return self._meta[key if key in HttpHeaders.UNPREFIXED_HEADERS else f"HTTP_{key}"]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(HttpHeaders(self._meta))
+
+    def __len__(self) -> int:
+        return len(HttpHeaders(self._meta))
+
+
 @csrf_exempt
 def automation_fire(request: HttpRequest, automation_id: str) -> HttpResponse:
     """``POST /fire`` as a plain Django view: no DRF request wrapper, negotiation or view
@@ -154,9 +177,10 @@ def automation_fire(request: HttpRequest, automation_id: str) -> HttpResponse:
     JSON renderer, the API's exception handler, DRF's ``Allow`` header)."""
     if request.method != "POST":
         return _fire_other_methods(request, automation_id=automation_id)
+    meta = request.META
     fire = webhooks.FireRequest(
-        automation_id=automation_id, headers=request.headers, content_length=request.META.get("CONTENT_LENGTH"),
-        read_body=request.read, remote_addr=request.META.get("REMOTE_ADDR", ""),
+        automation_id=automation_id, headers=_MetaHeaders(meta), content_length=meta.get("CONTENT_LENGTH"),
+        read_body=request.read, remote_addr=meta.get("REMOTE_ADDR", ""),
     )  # fmt: skip
     try:
         body, status_code = dispatch_body(webhooks.webhook_fire(fire))
