@@ -9,6 +9,7 @@ import uuid
 from decimal import Decimal
 
 import pytest
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from django.utils import timezone
 
@@ -70,6 +71,20 @@ def test_random_values_give_the_slow_way_s_text():
     for _ in range(3000):
         value = {"v": _random_value(rng)}
         assert writer._jsonable_text(value)[1] == _slow(value)[1], value
+        assert writer.canonical_json(value) == writer._ENCODER.encode(value)
+
+
+@pytest.mark.parametrize("value", [*AWKWARD, "top-level text\x00", 1.5, None, [3, {"b": 1, "a": 2}]])
+def test_canonical_json_is_the_encoder_s_json(value):
+    encoder = DjangoJSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert writer.canonical_json(value) == encoder.encode(value)
+
+
+def test_a_value_that_contains_itself_is_refused():
+    value: dict = {"a": 1}
+    value["self"] = value
+    with pytest.raises((ValueError, RecursionError)):
+        writer.canonical_json(value)
 
 
 def test_the_spliced_entry_hash_is_the_entry_hash():
