@@ -367,6 +367,16 @@ def insert_many(objs: list[Model], using: str = "default") -> Statement:
     return sql, list(params)
 
 
+def _column_names(cursor: Any) -> list[str]:
+    # On psycopg, read from the result itself: cursor.description makes a Column object per
+    # column (the claim's ~40: ~28 us, 2 us this way). Django's psycopg connections are UTF8.
+    result = getattr(cursor, "pgresult", None)
+    if result is None:
+        return [column[0] for column in cursor.description]
+    name = result.fname
+    return [name(i).decode() for i in range(result.nfields)]
+
+
 def first_in_transaction(
     sql: str, params: Any, using: str = "default"
 ) -> tuple[list[str], list[tuple[Any, ...]]]:
@@ -408,7 +418,7 @@ def first_in_transaction(
                 cursor.execute(";\n".join([*prepares, sql]), params)
             for _ in prepares:
                 cursor.nextset()
-            result = [column[0] for column in cursor.description], cursor.fetchall()
+            result = _column_names(cursor), cursor.fetchall()
     except DatabaseError as exc:
         if connection.vendor == "postgresql" and _out_of_step(connection, exc, new):
             raise StatementsOutOfStep(str(exc)) from exc
