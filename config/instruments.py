@@ -25,8 +25,10 @@ from __future__ import annotations
 import os
 import socket
 from datetime import datetime
+from typing import Any
 
 from prometheus_client import Counter, Histogram, values
+from prometheus_client.metrics import MetricWrapperBase
 
 MULTIPROC_DIR = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
 _HOST = socket.gethostname().replace("_", "-")
@@ -89,6 +91,18 @@ HTTP_DURATION = Histogram(
 )  # fmt: skip
 
 
+# Each metric's child per label values, the object labels() returns; labels() checks and
+# converts the values and takes the metric's lock on every call (7 Python calls, ~0.6 us).
+_children: dict[tuple[Any, ...], Any] = {}
+
+
+def _child(metric: MetricWrapperBase, *labels: str) -> Any:
+    child = _children.get((metric, *labels))
+    if child is None:
+        child = _children[(metric, *labels)] = metric.labels(*labels)
+    return child
+
+
 def _seconds(start: datetime | None, end: datetime | None) -> float | None:
     if start is None or end is None:
         return None
@@ -100,44 +114,44 @@ def run_finished(
 ) -> None:
     duration = _seconds(created_at, finished_at)
 
-    RUNS_FINISHED.labels(status, queue).inc()
+    _child(RUNS_FINISHED, status, queue).inc()
     if duration is not None:
-        RUN_DURATION.labels(status, queue).observe(duration)
+        _child(RUN_DURATION, status, queue).observe(duration)
 
 
 def run_started(*, queue: str, enqueued_at: datetime | None, started_at: datetime | None) -> None:
     wait = _seconds(enqueued_at, started_at)
     if wait is not None:
-        RUN_QUEUE_WAIT.labels(queue).observe(wait)
+        _child(RUN_QUEUE_WAIT, queue).observe(wait)
 
 
 def step_outcome(*, action: str, outcome: str, started_at: datetime | None = None,
                  finished_at: datetime | None = None) -> None:  # fmt: skip
     duration = _seconds(started_at, finished_at)
 
-    STEPS.labels(action, outcome).inc()
+    _child(STEPS, action, outcome).inc()
     if outcome == "retrying":
-        STEP_RETRIES.labels(action).inc()
+        _child(STEP_RETRIES, action).inc()
     if duration is not None:
-        STEP_DURATION.labels(action).observe(duration)
+        _child(STEP_DURATION, action).observe(duration)
 
 
 def run_recovered(*, outcome: str) -> None:
-    RUN_RECOVERIES.labels(outcome).inc()
+    _child(RUN_RECOVERIES, outcome).inc()
 
 
 def fired(*, trigger_type: str, result: str) -> None:
-    FIRES.labels(trigger_type, result).inc()
+    _child(FIRES, trigger_type, result).inc()
 
 
 def webhook_rejected(*, code: str) -> None:
-    WEBHOOK_REJECTIONS.labels(code).inc()
+    _child(WEBHOOK_REJECTIONS, code).inc()
 
 
 def approval_event(event: str) -> None:
-    APPROVALS.labels(event).inc()
+    _child(APPROVALS, event).inc()
 
 
 def http_request(*, method: str, route: str, status: int, seconds: float) -> None:
-    HTTP_REQUESTS.labels(method, route, f"{status // 100}xx").inc()
-    HTTP_DURATION.labels(method, route).observe(seconds)
+    _child(HTTP_REQUESTS, method, route, f"{status // 100}xx").inc()
+    _child(HTTP_DURATION, method, route).observe(seconds)
