@@ -18,9 +18,10 @@ from ops.wsgi_adapter import WholeResponseWSGIMiddleware
 
 
 def _serve(
-    method: str, path: str, body: bytes | list[bytes] = b"", headers: list | None = None
-) -> list[dict]:
-    app = WholeResponseWSGIMiddleware(wsgi_application, workers=2)  # type: ignore[arg-type]
+    method: str, path: str, body: bytes | list[bytes] = b"", headers: list | None = None, *,
+    wsgi_app=wsgi_application, workers: int = 2,
+) -> list[dict]:  # fmt: skip
+    app = WholeResponseWSGIMiddleware(wsgi_app, workers=workers)
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
              "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
              "headers": [(b"host", b"localhost"), *(headers or [])], "client": ("127.0.0.1", 5000),
@@ -112,21 +113,7 @@ def _serve_echo(chunks: list[bytes], headers: list) -> list[dict]:
         start_response("200 OK", list(response.items()))
         return response
 
-    served = WholeResponseWSGIMiddleware(app, workers=1)
-    scope = {"type": "http", "http_version": "1.1", "method": "POST", "path": "/", "query_string": b"",
-             "root_path": "", "headers": headers, "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000)}  # fmt: skip
-    pending, sent = list(chunks), []
-
-    async def receive() -> dict:
-        chunk = pending.pop(0) if pending else b""
-        return {"type": "http.request", "body": chunk, "more_body": bool(pending)}
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-
-    asyncio.run(served(scope, receive, send))
-    served.executor.shutdown()
-    return sent
+    return _serve("POST", "/", chunks, headers, wsgi_app=app, workers=1)
 
 
 def test_a_body_larger_than_the_prefetch_is_read_whole_by_the_thread():
