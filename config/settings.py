@@ -405,7 +405,7 @@ EMAIL_PORT = env.int("EMAIL_PORT", default=25)
 # --- REST API --------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "workspaces.authentication.ApiTokenAuthentication",  # hashed tokens (workspaces.api_tokens)
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

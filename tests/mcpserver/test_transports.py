@@ -132,7 +132,7 @@ def test_stdio_server_with_a_bad_token_exits_before_any_tool_list(transactional_
     )  # the process exited, no deadline
     assert seen == []
     errlog.seek(0)
-    assert "AUTOPLANE_API_TOKEN is missing or is not a valid API token" in errlog.read()
+    assert "AUTOPLANE_API_TOKEN is missing or is not a valid 'mcp'-scoped API token" in errlog.read()
 
 
 @pytest.mark.parametrize("token", ["", "not-a-token"])

@@ -40,7 +40,7 @@ class Command(BaseCommand):
             ) from None
         if user is None:
             raise CommandError(
-                "AUTOPLANE_API_TOKEN is missing or is not a valid API token "
-                "(create one with `manage.py create_api_token <user>`)"
+                "AUTOPLANE_API_TOKEN is missing or is not a valid 'mcp'-scoped API token (the MCP server "
+                "takes no full-scope token; create one with `manage.py create_api_token <user> --scope mcp`)"
             )
         server.serve_stdio(token)
