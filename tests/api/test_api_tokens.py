@@ -10,6 +10,7 @@ from datetime import timedelta
 import pytest
 from django.apps import apps
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission as AuthPermission
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
@@ -313,3 +314,23 @@ def test_the_admin_lists_and_revokes_and_never_shows_a_token(owner):
 
     assert not ApiToken.objects.filter(pk=row.pk).exists()
     assert _as(token).get(RUNS).status_code == 401
+
+
+def test_staff_see_and_revoke_only_their_own_tokens_in_the_admin(owner, viewer):
+    viewer.is_staff = True
+    viewer.save(update_fields=["is_staff"])
+    viewer.user_permissions.add(*AuthPermission.objects.all())
+    browser = Client()
+    browser.force_login(viewer)
+    theirs, mine = api_token(owner, name="owners"), api_token(viewer, name="mine")
+    changelist = reverse("admin:workspaces_apitoken_changelist")
+
+    page = browser.get(changelist)
+    owners = ApiToken.objects.get(name="owners")
+    browser.post(changelist, {"action": "revoke", "_selected_action": [owners.pk]})
+
+    assert b"mine" in page.content
+    assert b"owners" not in page.content
+    assert _as(theirs).get(RUNS).status_code == 200
+    assert _as(mine).get(RUNS).status_code == 200
+    assert browser.get(reverse("admin:workspaces_apitoken_change", args=[owners.pk])).status_code == 302
