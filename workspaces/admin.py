@@ -150,8 +150,15 @@ class ApiTokenAdmin(admin.ModelAdmin):
     list_display = ["name", "user", "shown_prefix", "scope", "created_at", "expires_at", "last_used_at"]
     list_filter = ["scope"]
     search_fields = ["name", "prefix", "user__username"]
-    fields = ["user", "name", "shown_prefix", "scope", "created_at", "expires_at", "last_used_at"]
-    readonly_fields = fields
+    fields = readonly_fields = (
+        "user",
+        "name",
+        "shown_prefix",
+        "scope",
+        "created_at",
+        "expires_at",
+        "last_used_at",
+    )
     actions = ["revoke"]
 
     def get_queryset(self, request):

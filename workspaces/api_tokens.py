@@ -170,5 +170,5 @@ def token_authenticate(key: str | None) -> ApiToken:
     if token.last_used_at is None or now - token.last_used_at >= LAST_USED_RESOLUTION:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         token.last_used_at = now
-    token.user.api_token_scope = token.scope
+    setattr(token.user, "api_token_scope", token.scope)  # noqa: B010 - not a field: this request's scope
     return token

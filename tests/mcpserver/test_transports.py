@@ -150,7 +150,8 @@ def test_stdio_refuses_to_start_without_a_valid_token(db, settings, token):
 
 
 def test_stdio_refuses_a_full_scope_token(settings, viewer):
-    settings.AUTOPLANE_API_TOKEN = api_token(viewer)  # could approve on the REST API: not for a model's client
+    # A full token could approve on the REST API: not one for a model's client.
+    settings.AUTOPLANE_API_TOKEN = api_token(viewer)
     stdout = io.StringIO()
     with redirect_stdout(stdout), pytest.raises(CommandError, match="--scope mcp"):
         call_command("mcp_serve")

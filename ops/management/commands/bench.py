@@ -83,7 +83,8 @@ class Command(BaseCommand):
         from workspaces.services import api_token_create, workspace_get_or_create
 
         workspace = workspace_get_or_create(slug="bench")
-        earlier = ApiToken.objects.filter(user__username="bench", name="bench").exists()  # rotated, not piled up
+        # rotated, not piled up
+        earlier = ApiToken.objects.filter(user__username="bench", name="bench").exists()
         token = api_token_create(username="bench", workspace_slug="bench", role="admin", actor="bench",
                                  name="bench", replace="bench" if earlier else None)  # fmt: skip
 
