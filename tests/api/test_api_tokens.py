@@ -15,6 +15,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
@@ -156,6 +157,19 @@ def test_last_used_is_written_at_most_once_a_minute(owner):
 
     assert first is not None
     assert ApiToken.objects.get(pk=row.pk).last_used_at > first
+
+
+def test_authentication_is_one_lookup_by_digest(owner):
+    client = _as(api_token(owner))
+    client.get(RUNS)  # the first use writes last_used_at
+
+    with CaptureQueriesContext(connection) as queries:
+        assert client.get(RUNS).status_code == 200
+
+    touching = [q["sql"] for q in queries.captured_queries if "workspaces_apitoken" in q["sql"]]
+    assert len(touching) == 1
+    assert touching[0].lstrip().upper().startswith("SELECT")
+    assert '"digest" =' in touching[0]
 
 
 # --- the command's defaults ----------------------------------------------------------------
