@@ -24,9 +24,11 @@ from rest_framework.test import APIClient
 from approvals.models import Approval, ApprovalStatus, StandingApproval
 from approvals.services import approval_decide
 from audit.models import AuditEvent
+from automations.models import Automation
 from config.errors import ServiceError
 from mcpserver.auth import user_for_token
 from mcpserver.tools import TOOLS, tool_call
+from ops.services import platform_bootstrap
 from tests.factories import api_token, definition, member
 from workspaces.api_tokens import LAST_USED_RESOLUTION, token_digest
 from workspaces.models import ApiToken, Membership, Role
@@ -278,6 +280,10 @@ def test_an_mcp_token_looks_and_runs_but_never_decides(people, pending):
                    "capability_id": "core.transform_data", "max_uses": 1, "expires_in_seconds": 60}, format="json"),
         admin.patch("/api/v1/workspaces/acme", {"four_eyes": False}, format="json"),
         admin.post("/api/v1/tokens", {"name": "escalate"}, format="json"),
+        # Beyond the MCP tools' run and draft, no write: no raising an automation's autonomy.
+        admin.patch(f"/api/v1/automations/{automation_id}", {"definition": definition(autonomy="A4")}, format="json"),
+        admin.post(f"/api/v1/runs/{pending.run_id}/cancel"),
+        admin.post("/api/v1/events", {"type": "x.y", "payload": {}}, format="json"),
     ]  # fmt: skip
 
     for response in refused:
@@ -287,6 +293,9 @@ def test_an_mcp_token_looks_and_runs_but_never_decides(people, pending):
     assert not StandingApproval.objects.exists()
     assert not ApiToken.objects.filter(name="escalate").exists()
     assert admin.post(f"/api/v1/automations/{automation_id}/run", {}, format="json").status_code == 202
+    drafted = admin.post("/api/v1/drafts", {"workspace": "acme", "prompt": "say hi"}, format="json")
+    assert drafted.json().get("error", {}).get("code") != "PERMISSION_DENIED", drafted.content
+    assert Automation.objects.get(pk=automation_id).version == 1
     full = _as(api_token(people.alice)).post(f"/api/v1/approvals/{pending.pk}/approve", {}, format="json")
     assert full.status_code == 200
     assert full.json()["status"] == "approved"
@@ -348,3 +357,15 @@ def test_staff_see_and_revoke_only_their_own_tokens_in_the_admin(owner, viewer):
     assert _as(theirs).get(RUNS).status_code == 200
     assert _as(mine).get(RUNS).status_code == 200
     assert browser.get(reverse("admin:workspaces_apitoken_change", args=[owners.pk])).status_code == 302
+
+
+def test_the_token_up_prints_on_the_first_start_works_and_is_stored_hashed(db):
+    bootstrap = platform_bootstrap()
+
+    assert bootstrap is not None
+    assert _as(bootstrap.api_token).get("/api/v1/workspaces").json()["results"] == [
+        {"slug": "default", "name": "default", "role": "admin"}
+    ]
+    row = ApiToken.objects.get(user__username="admin")
+    assert (row.name, row.scope, row.digest) == ("up", "full", token_digest(bootstrap.api_token))
+    assert platform_bootstrap() is None  # a second start makes nothing
