@@ -167,14 +167,16 @@ class ApiTokenDetail(APIView):
 
     @extend_schema(request=None, responses={204: None}, summary="Revoke one of your API tokens")
     def delete(self, request, pk):
-        _manages_tokens(request)
-        api_tokens.token_revoke(token=_own_token(request, pk), actor=writer.actor_for(request.user))
-        return Response(status=status.HTTP_204_NO_CONTENT)
+        return _revoke(request, pk)
 
 
 class ApiTokenRevoke(APIView):
     @extend_schema(request=None, responses={204: None}, summary="Revoke one of your API tokens")
     def post(self, request, pk):
-        _manages_tokens(request)
-        api_tokens.token_revoke(token=_own_token(request, pk), actor=writer.actor_for(request.user))
-        return Response(status=status.HTTP_204_NO_CONTENT)
+        return _revoke(request, pk)
+
+
+def _revoke(request, pk: int) -> Response:
+    _manages_tokens(request)
+    api_tokens.token_revoke(token=_own_token(request, pk), actor=writer.actor_for(request.user))
+    return Response(status=status.HTTP_204_NO_CONTENT)
