@@ -405,10 +405,13 @@ EMAIL_PORT = env.int("EMAIL_PORT", default=25)
 # --- REST API --------------------------------------------------------------
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "workspaces.authentication.ApiTokenAuthentication",  # hashed tokens (workspaces.api_tokens)
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PERMISSION_CLASSES": [
+        "rest_framework.permissions.IsAuthenticated",
+        "workspaces.authentication.TokenScopeAllows",  # an mcp token: reads, runs and drafts only
+    ],
     "DEFAULT_PAGINATION_CLASS": "config.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "config.openapi.AutoSchema",

@@ -1,23 +1,25 @@
-"""Who an API token belongs to: the same tokens, and the same rules, as the REST API.
+"""Who an API token belongs to: the REST API's hashed tokens (``workspaces.api_tokens``).
 
-A token is the ``rest_framework.authtoken`` key that ``manage.py create_api_token``
-prints (and ``Authorization: Token ...`` sends to the API). An unknown token and an
-inactive user's token are both refused, the same way, so neither can be probed.
+The MCP server takes only tokens scoped ``mcp`` (``manage.py create_api_token USER --scope
+mcp``): such a token can look and run within its user's roles but never approve, deny or
+administer, here or on the REST API, so a token that sits in an MCP client's configuration
+(where a model's tools may read it) cannot decide an approval. An unknown, revoked or expired
+token, an inactive user's token and a full-scope token are all refused the same way, so none
+can be probed.
 """
 
 from __future__ import annotations
 
-from rest_framework.authtoken.models import Token
-
-MAX_TOKEN_LENGTH = 200
+from workspaces.api_tokens import TokenRefused, token_authenticate
+from workspaces.models import TokenScope
 
 
 def user_for_token(key: str | None):
-    """The active user the token belongs to, or None."""
-    key = (key or "").strip()
-    if not key or len(key) > MAX_TOKEN_LENGTH:
+    """The active user an ``mcp``-scoped token belongs to (its ``api_token_scope`` set), or None."""
+    try:
+        token = token_authenticate(key)
+    except TokenRefused:
         return None
-    token = Token.objects.select_related("user").filter(key=key).first()
-    if token is None or not token.user.is_active:
+    if token.scope != TokenScope.MCP:
         return None
     return token.user

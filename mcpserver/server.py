@@ -5,7 +5,7 @@ imports it: web and worker processes never load ``mcp`` (nor starlette or
 uvicorn) for it. The tools themselves, their schemas, scoping, auditing and
 errors are :mod:`mcpserver.tools`; this module only adapts them.
 
-Transports and authentication (the same API tokens as the REST API):
+Transports and authentication (the REST API's tokens, scoped ``mcp`` only: see :mod:`.auth`):
 
 * **stdio** (:func:`serve_stdio`, for desktop MCP clients that spawn the
   server): the token comes from ``AUTOPLANE_API_TOKEN``; the command refuses to
@@ -150,7 +150,8 @@ def serve_stdio(token: str) -> None:
 
 
 class ApiTokenVerifier:
-    """The SDK's ``TokenVerifier``: a bearer token is valid when it is an active user's API token."""
+    """The SDK's ``TokenVerifier``: a bearer token is valid when it is an active user's unexpired
+    ``mcp``-scoped API token."""
 
     async def verify_token(self, token: str) -> AccessToken | None:
         user = await anyio.to_thread.run_sync(_user_id_for_token, token)

@@ -15,8 +15,8 @@ admin.site.index_title = "Operator console"
 admin.site.index_template = "admin/autoplane_index.html"  # adds the "Needs you" panel
 
 # Schedules are edited through triggers only (the trigger service owns its periodic task), and API
-# tokens are issued by `create_api_token`: the raw django-celery-beat and DRF token admins would let
-# an operator change either out of band, so they are not in the admin.
+# tokens are hashed workspaces.ApiToken rows (their own admin): the raw django-celery-beat admins would
+# let an operator change schedules out of band, and DRF's plaintext token table is unused.
 HIDDEN = (beat.PeriodicTask, beat.IntervalSchedule, beat.CrontabSchedule, beat.SolarSchedule,
           beat.ClockedSchedule, TokenProxy)  # fmt: skip
 for model in HIDDEN:

@@ -64,5 +64,6 @@ def platform_bootstrap(*, username: str = "admin", workspace_slug: str = "defaul
         return None
     password = secrets.token_urlsafe(12)
     user_model.objects.create_superuser(username=username, email="", password=password)
-    token = api_token_create(username=username, workspace_slug=workspace_slug, role=Role.ADMIN, actor=actor)
+    token = api_token_create(username=username, workspace_slug=workspace_slug, role=Role.ADMIN, actor=actor,
+                             name="up")  # fmt: skip
     return Bootstrap(username=username, password=password, api_token=token, workspace=workspace_slug)

@@ -10,7 +10,6 @@ from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from approvals.models import Approval
@@ -19,6 +18,7 @@ from audit.models import AuditEvent
 from automations.executor import execute_run
 from automations.models import Run, RunStatus
 from automations.services import automation_create, run_create, run_resume
+from workspaces.api_tokens import token_create
 from workspaces.services import membership_set_role
 
 # --- people -------------------------------------------------------------------------------
@@ -30,11 +30,15 @@ def member(username: str, workspace, role: str, **extra):
     return user
 
 
-def client_for(user) -> APIClient:
-    """An API client authenticated with the user's token."""
+def api_token(user, scope: str = "full", **extra) -> str:
+    """A new API token of the user's (another one each call; ``extra``: name, expires_at)."""
+    return token_create(user=user, scope=scope, **extra)[1]
+
+
+def client_for(user, scope: str = "full") -> APIClient:
+    """An API client authenticated with a new token of the user's."""
     client = APIClient()
-    token, _ = Token.objects.get_or_create(user=user)
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {api_token(user, scope)}")
     return client
 
 

@@ -47,6 +47,7 @@ ACTIONS = {
     "capabilities.mcpserver": {"harvest_now": HERE, "delete_selected": HERE},
     "capabilities.mcptool": {"reapprove": HERE, "risk_low": HERE, "risk_medium": HERE, "risk_high": HERE,
                              "risk_critical": HERE, "risk_default": HERE},
+    "workspaces.apitoken": {"revoke": "tests/api/test_api_tokens.py"},
     "triggers.trigger": {"rotate_token": "tests/triggers/test_triggers_api.py", "revoke_token": "ditto",
                          "rotate_signing_secret": "ditto"},
     # Django's own delete of rows that belong to no workspace (superusers, or staff given the permission).

@@ -28,7 +28,7 @@ from automations.models import Draft, Run, RunStatus
 from capabilities.credentials import credential_create
 from capabilities.models import McpServer, McpTool
 from ops.models import Heartbeat
-from tests.factories import member
+from tests.factories import api_token, member
 from triggers.models import Trigger, WebhookRateWindow
 from workspaces.models import Role
 from workspaces.services import workspace_get_or_create
@@ -78,6 +78,7 @@ def world(drive):
         name="worker@smoke", kind="worker", started_at=timezone.now(), seen_at=timezone.now()
     )
     Group.objects.create(name="operators")
+    api_token(owner, name="smoke", expires_at=timezone.now() + timedelta(days=1))
     sequence_pending()
     checkpoint_write()
     return {"workspace": workspace, "automation": automation, "run": run, "stuck": stuck, "rerun": rerun}

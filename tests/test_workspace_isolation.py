@@ -12,7 +12,6 @@ from datetime import timedelta
 import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from approvals.models import Approval
@@ -22,6 +21,7 @@ from automations import executor, services
 from capabilities.credentials import credential_create
 from capabilities.mcp import mcp_server_create
 from capabilities.models import McpTool
+from tests.factories import api_token
 from triggers.models import Trigger
 from workspaces.models import Role
 from workspaces.services import membership_set_role, workspace_get_or_create
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.django_db
 
 def _client(user) -> APIClient:
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get_or_create(user=user)[0].key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {api_token(user)}")
     return client
 
 

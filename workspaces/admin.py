@@ -13,9 +13,9 @@ from django.core.exceptions import ValidationError
 from audit import writer
 from config.errors import ServiceError
 
-from . import services
+from . import api_tokens, services
 from .access import may_act, workspace_ids_for
-from .models import Membership, Permission, Role, Workspace
+from .models import ApiToken, Membership, Permission, Role, Workspace
 
 
 class WorkspaceForm(forms.ModelForm):
@@ -139,3 +139,49 @@ class WorkspaceAdmin(admin.ModelAdmin):
             )
         if formset.deleted_objects or formset.new_objects or formset.changed_objects:
             self.message_user(request, "members updated (each change is in the audit log)", messages.SUCCESS)
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """API tokens: listed and revoked here, never shown (only their sha256 is stored) and never
+    made here: ``manage.py create_api_token`` or ``POST /api/v1/tokens`` make them and show the
+    token once. A superuser sees everyone's tokens; anyone else with the view permission their own."""
+
+    list_display = ["name", "user", "shown_prefix", "scope", "created_at", "expires_at", "last_used_at"]
+    list_filter = ["scope"]
+    search_fields = ["name", "prefix", "user__username"]
+    fields = readonly_fields = (
+        "user",
+        "name",
+        "shown_prefix",
+        "scope",
+        "created_at",
+        "expires_at",
+        "last_used_at",
+    )
+    actions = ["revoke"]
+
+    def get_queryset(self, request):
+        queryset = super().get_queryset(request).select_related("user")
+        return queryset if request.user.is_superuser else queryset.filter(user=request.user)
+
+    @admin.display(description="prefix")
+    def shown_prefix(self, token: ApiToken) -> str:
+        return f"{token.prefix}…"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # "Revoke" (audited) instead of a raw delete
+
+    @admin.action(description="Revoke selected API tokens")
+    def revoke(self, request, queryset):
+        actor = writer.actor_for(request.user)
+        tokens = list(queryset)
+        for token in tokens:
+            api_tokens.token_revoke(token=token, actor=actor)
+        self.message_user(request, f"{len(tokens)} API token(s) revoked.", messages.SUCCESS)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 
 class Role(models.TextChoices):
@@ -75,3 +76,43 @@ class Membership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.user} in {self.workspace} as {self.role}"
+
+
+class TokenScope(models.TextChoices):
+    """What an API token may do on top of its user's roles (it never adds to them)."""
+
+    FULL = "full", "full: everything the user's roles allow"
+    MCP = "mcp", "mcp: look and run only (never approve, deny or administer)"
+
+
+# The permissions each scope lets through; a token's permissions in a workspace are its user's
+# role's permissions intersected with these.
+SCOPE_PERMISSIONS: dict[str, frozenset[str]] = {
+    TokenScope.FULL: frozenset(Permission.values),
+    TokenScope.MCP: frozenset({Permission.VIEW, Permission.OPERATE}),
+}
+
+
+class ApiToken(models.Model):
+    """An API token (``Authorization: Token <token>``): only its sha256 is stored.
+
+    The token itself is shown once, when it is made; ``prefix`` (its first characters, not
+    enough to use it) is what lists and the admin show to tell tokens apart.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100)
+    digest = models.CharField(max_length=64, unique=True)  # sha256 hex of the whole token
+    prefix = models.CharField(max_length=16)
+    scope = models.CharField(max_length=8, choices=TokenScope.choices, default=TokenScope.FULL)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["user_id", "name"]
+        verbose_name = "API token"
+        constraints = [models.UniqueConstraint(fields=["user", "name"], name="api_token_name_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…) of {self.user}"

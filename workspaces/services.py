@@ -5,16 +5,17 @@ from __future__ import annotations
 import ipaddress
 import re
 import uuid
+from datetime import datetime
 from typing import Any
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
-from rest_framework.authtoken.models import Token
 
 from audit import writer
 from config.errors import InvalidArgument, ServiceError
 
-from .models import Autonomy, Membership, Role, Workspace
+from . import api_tokens
+from .models import Autonomy, Membership, Role, TokenScope, Workspace
 
 
 def _trace() -> str:
@@ -152,15 +153,23 @@ def membership_remove(*, membership: Membership, actor: str = "system") -> None:
 
 
 @transaction.atomic
-def api_token_create(*, username: str, workspace_slug: str, role: str, actor: str = "system") -> str:
-    """Create the user, workspace and membership if missing; return a fresh API token."""
+def api_token_create(*, username: str, workspace_slug: str, role: str | None = None, actor: str = "system",
+                     name: str | None = None, scope: str = TokenScope.FULL, expires_at: datetime | None = None,
+                     replace: str | None = None) -> str:  # fmt: skip
+    """Create the user, workspace and membership if missing; return a new API token (shown once).
+
+    ``role`` None keeps a member's role and makes a new member a viewer, the least role: a token
+    never makes anyone admin unless asked to. The user's other tokens stay (``replace`` names
+    one to rotate).
+    """
     user, _ = get_user_model().objects.get_or_create(username=username)
     workspace = workspace_get_or_create(slug=workspace_slug, actor=actor)
+    if role is None:
+        current = (
+            Membership.objects.filter(workspace=workspace, user=user).values_list("role", flat=True).first()
+        )
+        role = current or Role.VIEWER
     membership_set_role(workspace=workspace, user=user, role=role, actor=actor)
-    Token.objects.filter(user=user).delete()
-    token = Token.objects.create(user=user)
-    writer.append(
-        trace_id=_trace(), type="operator.api_token.created", summary=f"API token created for {username}",
-        workspace_id=workspace.id, actor=actor, payload={"user": username}, secrets=[token.key],
-    )  # fmt: skip
-    return token.key
+    _, key = api_tokens.token_create(user=user, name=name, scope=scope, expires_at=expires_at, replace=replace,
+                                     actor=actor, workspace_id=workspace.id)  # fmt: skip
+    return key

@@ -134,14 +134,14 @@ def committed_ledger(transactional_db):
 def api_users(db):
     """Alice administers workspace A, Bob views workspace B, Olga belongs nowhere; each with an API token."""
     from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
 
+    from tests.factories import api_token
     from workspaces.services import api_token_create
 
     alice_token = api_token_create(username="alice", workspace_slug="ws-a", role="admin")
     bob_token = api_token_create(username="bob", workspace_slug="ws-b", role="viewer")
     olga = get_user_model().objects.create(username="olga")
-    olga_token = Token.objects.create(user=olga).key
+    olga_token = api_token(olga)
     from workspaces.models import Workspace
 
     return SimpleNamespace(

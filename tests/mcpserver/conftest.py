@@ -5,9 +5,9 @@ and API tokens for each person."""
 from __future__ import annotations
 
 import pytest
-from rest_framework.authtoken.models import Token
 
 from automations.services import automation_create
+from tests.factories import api_token
 from tests.llm_server import ScriptedLlmServer
 
 SUCCEEDS = {
@@ -50,7 +50,8 @@ def hidden(other_workspace, outsider):
 
 @pytest.fixture
 def token_of():
-    return lambda user: Token.objects.get_or_create(user=user)[0].key
+    """An ``mcp``-scoped token of the user's: the only kind the MCP server takes."""
+    return lambda user: api_token(user, scope="mcp")
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import socket
 import sys
 import time
 from contextlib import redirect_stdout
+from datetime import timedelta
 from typing import Any
 
 import anyio
@@ -17,12 +18,16 @@ import httpx
 import httpx2
 import pytest
 from django.core.management import CommandError, call_command
+from django.utils import timezone
 from mcp import Client, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from automations.models import Run
 from tests import live
+from tests.factories import api_token
+from workspaces.api_tokens import token_digest
+from workspaces.models import ApiToken
 
 from .test_tools import EXPECTED_TOOLS
 
@@ -132,7 +137,7 @@ def test_stdio_server_with_a_bad_token_exits_before_any_tool_list(transactional_
     )  # the process exited, no deadline
     assert seen == []
     errlog.seek(0)
-    assert "AUTOPLANE_API_TOKEN is missing or is not a valid API token" in errlog.read()
+    assert "AUTOPLANE_API_TOKEN is missing or is not a valid 'mcp'-scoped API token" in errlog.read()
 
 
 @pytest.mark.parametrize("token", ["", "not-a-token"])
@@ -142,6 +147,15 @@ def test_stdio_refuses_to_start_without_a_valid_token(db, settings, token):
     with redirect_stdout(stdout), pytest.raises(CommandError, match="AUTOPLANE_API_TOKEN"):
         call_command("mcp_serve")
     assert stdout.getvalue() == ""  # not one byte of MCP was spoken
+
+
+def test_stdio_refuses_a_full_scope_token(settings, viewer):
+    # A full token could approve on the REST API: not one for a model's client.
+    settings.AUTOPLANE_API_TOKEN = api_token(viewer)
+    stdout = io.StringIO()
+    with redirect_stdout(stdout), pytest.raises(CommandError, match="--scope mcp"):
+        call_command("mcp_serve")
+    assert stdout.getvalue() == ""
 
 
 # --- streamable HTTP -------------------------------------------------------------------------
@@ -237,11 +251,18 @@ def test_http_roles_and_workspaces_hold(mcp_url, viewer, outsider, greet, token_
     anyio.run(main)
 
 
-@pytest.mark.parametrize("authorization", [None, "Bearer not-a-token", "Token {token}", "Basic dXNlcjpwdw=="])
+@pytest.mark.parametrize("authorization", [None, "Bearer not-a-token", "Token {token}", "Basic dXNlcjpwdw==",
+                                           "Bearer {full}", "Bearer {expired}"])  # fmt: skip
 def test_http_refuses_a_missing_or_bad_token_before_listing_tools(mcp_url, viewer, token_of, authorization):
     headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
     if authorization is not None:
-        headers["Authorization"] = authorization.format(token=token_of(viewer))
+        expired = api_token(viewer, scope="mcp", expires_at=timezone.now() + timedelta(seconds=60))
+        ApiToken.objects.filter(digest=token_digest(expired)).update(
+            expires_at=timezone.now() - timedelta(seconds=1)
+        )
+        headers["Authorization"] = authorization.format(
+            token=token_of(viewer), full=api_token(viewer), expired=expired
+        )
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
 
     answer = httpx.post(mcp_url, json=body, headers=headers, timeout=DEADLINE)

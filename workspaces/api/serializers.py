@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from ..models import Autonomy, Membership, Role, Workspace
+from ..api_tokens import MAX_NAME_LENGTH
+from ..models import ApiToken, Autonomy, Membership, Role, TokenScope, Workspace
 
 
 class WorkspaceOut(serializers.ModelSerializer):
@@ -49,3 +50,29 @@ class MemberIn(serializers.Serializer):
 
 class MemberRemove(serializers.Serializer):
     username = serializers.CharField(max_length=150)
+
+
+class ApiTokenOut(serializers.ModelSerializer):
+    prefix = serializers.CharField(help_text="the token's first characters, to tell it apart (not usable)")
+
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "prefix", "scope", "created_at", "expires_at", "last_used_at"]
+
+
+class ApiTokenCreated(ApiTokenOut):
+    token = serializers.CharField(help_text="the token: shown this once, only its sha256 is stored")
+
+    class Meta(ApiTokenOut.Meta):
+        fields = [*ApiTokenOut.Meta.fields, "token"]
+
+
+class ApiTokenIn(serializers.Serializer):
+    name = serializers.CharField(
+        max_length=MAX_NAME_LENGTH, required=False, help_text="default 'token', 'token-2', ..."
+    )
+    scope = serializers.ChoiceField(choices=TokenScope.values, default=TokenScope.FULL,
+                                    help_text="'mcp': look and run only, never approve, deny or administer")  # fmt: skip
+    expires_in_days = serializers.IntegerField(min_value=1, max_value=3650, required=False, allow_null=True)
+    replace = serializers.CharField(max_length=MAX_NAME_LENGTH, required=False,
+                                    help_text="the name of your token to revoke in the same step (a rotation)")  # fmt: skip

@@ -14,11 +14,14 @@ from audit import writer
 from config.errors import ServiceError
 from config.openapi import errors
 
-from .. import services
-from ..access import workspaces_for
-from ..models import Membership, Permission, Workspace
+from .. import api_tokens, services
+from ..access import scope_allows, workspaces_for
+from ..models import ApiToken, Membership, Permission, TokenScope, Workspace
 from . import require
 from .serializers import (
+    ApiTokenCreated,
+    ApiTokenIn,
+    ApiTokenOut,
     MemberIn,
     MemberOut,
     MemberRemove,
@@ -53,7 +56,7 @@ class WorkspaceList(generics.ListAPIView):
 
     @extend_schema(request=WorkspaceCreate, responses={201: WorkspaceOut, **errors(409)})
     def post(self, request):
-        if not request.user.is_superuser:
+        if not request.user.is_superuser or not scope_allows(request.user, Permission.ADMINISTER):
             raise ServiceError("PERMISSION_DENIED", "only a superuser creates workspaces", 403)
         data = WorkspaceCreate(data=request.data)
         data.is_valid(raise_exception=True)
@@ -113,3 +116,67 @@ class WorkspaceMembers(generics.ListAPIView):
             raise ServiceError("NOT_FOUND", "no member with this username", 404)
         services.membership_remove(membership=membership, actor=writer.actor_for(request.user))
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# --- your API tokens --------------------------------------------------------------------------
+
+
+def _manages_tokens(request) -> None:
+    """Tokens are made and revoked with a full-scope token or a session: an ``mcp`` token can
+    neither mint itself a full one nor revoke its user's others."""
+    if getattr(request.user, "api_token_scope", TokenScope.FULL) != TokenScope.FULL:
+        raise ServiceError("PERMISSION_DENIED", "an 'mcp'-scoped token cannot create or revoke tokens", 403)
+
+
+class ApiTokenList(generics.ListAPIView):
+    serializer_class = ApiTokenOut
+
+    @extend_schema(summary="Your API tokens (never the tokens themselves)")
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+    def get_queryset(self):
+        return api_tokens.tokens_of(self.request.user)
+
+    @extend_schema(request=ApiTokenIn, responses={201: ApiTokenCreated, **errors(404, 409)},
+                   summary="A new API token for you: the token is in this answer only")  # fmt: skip
+    def post(self, request):
+        _manages_tokens(request)
+        data = ApiTokenIn(data=request.data)
+        data.is_valid(raise_exception=True)
+        values = data.validated_data
+        token, key = api_tokens.token_create(
+            user=request.user, name=values.get("name"), scope=values["scope"], replace=values.get("replace"),
+            expires_at=api_tokens.expires_in_days(values.get("expires_in_days")),
+            actor=writer.actor_for(request.user),
+        )  # fmt: skip
+        return Response({**ApiTokenOut(token).data, "token": key}, status=status.HTTP_201_CREATED)
+
+
+def _own_token(request, pk: int) -> ApiToken:
+    token = api_tokens.tokens_of(request.user).filter(pk=pk).select_related("user").first()
+    if token is None:
+        raise ServiceError("NOT_FOUND", "not found", 404)
+    return token
+
+
+class ApiTokenDetail(APIView):
+    @extend_schema(responses=ApiTokenOut, summary="One of your API tokens")
+    def get(self, request, pk):
+        return Response(ApiTokenOut(_own_token(request, pk)).data)
+
+    @extend_schema(request=None, responses={204: None}, summary="Revoke one of your API tokens")
+    def delete(self, request, pk):
+        return _revoke(request, pk)
+
+
+class ApiTokenRevoke(APIView):
+    @extend_schema(request=None, responses={204: None}, summary="Revoke one of your API tokens")
+    def post(self, request, pk):
+        return _revoke(request, pk)
+
+
+def _revoke(request, pk: int) -> Response:
+    _manages_tokens(request)
+    api_tokens.token_revoke(token=_own_token(request, pk), actor=writer.actor_for(request.user))
+    return Response(status=status.HTTP_204_NO_CONTENT)

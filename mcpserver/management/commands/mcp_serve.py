@@ -14,7 +14,8 @@ class Command(BaseCommand):
     help = (
         "Serve autoplane's MCP tools. Default: stdio, authenticated by the API token in "
         "AUTOPLANE_API_TOKEN (for desktop MCP clients). --http: streamable HTTP at "
-        "http://HOST:PORT/mcp, each request authenticated by 'Authorization: Bearer <API token>'."
+        "http://HOST:PORT/mcp, each request authenticated by 'Authorization: Bearer <API token>'. "
+        "Only 'mcp'-scoped tokens are taken (create_api_token USER --scope mcp)."
     )
 
     def add_arguments(self, parser):
@@ -40,7 +41,7 @@ class Command(BaseCommand):
             ) from None
         if user is None:
             raise CommandError(
-                "AUTOPLANE_API_TOKEN is missing or is not a valid API token "
-                "(create one with `manage.py create_api_token <user>`)"
+                "AUTOPLANE_API_TOKEN is missing or is not a valid 'mcp'-scoped API token (the MCP server "
+                "takes no full-scope token; create one with `manage.py create_api_token <user> --scope mcp`)"
             )
         server.serve_stdio(token)

@@ -79,10 +79,14 @@ class Command(BaseCommand):
             self.stdout.write("\n" + table.markdown())
             return
 
+        from workspaces.models import ApiToken
         from workspaces.services import api_token_create, workspace_get_or_create
 
         workspace = workspace_get_or_create(slug="bench")
-        token = api_token_create(username="bench", workspace_slug="bench", role="admin", actor="bench")
+        # rotated, not piled up
+        earlier = ApiToken.objects.filter(user__username="bench", name="bench").exists()
+        token = api_token_create(username="bench", workspace_slug="bench", role="admin", actor="bench",
+                                 name="bench", replace="bench" if earlier else None)  # fmt: skip
 
         def client_factory() -> APIClient:
             client = APIClient()

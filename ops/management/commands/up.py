@@ -386,7 +386,7 @@ class Command(BaseCommand):
         if bootstrap is not None:
             lines += [
                 f"  login      {bootstrap.username} / {bootstrap.password}   (created now, shown once)",
-                f"  API token  {bootstrap.api_token}   (workspace '{bootstrap.workspace}', role admin)",
+                f"  API token  {bootstrap.api_token}   (workspace '{bootstrap.workspace}', role admin, shown once)",
             ]
         return "\n".join([*lines, "  Ctrl-C stops everything." if urls else "", ""])
 
