@@ -1,4 +1,5 @@
-"""Workspaces and their members in the admin: roles, four-eyes, default autonomy and the egress allowlist.
+"""Workspaces and their members in the admin: roles, four-eyes, default autonomy, the ceilings
+(max autonomy, min approvals) and the egress allowlist.
 
 Every write goes through ``workspaces.services`` (audited); a workspace is managed by its
 ``admin`` members (and superusers), and only superusers create workspaces.
@@ -27,9 +28,21 @@ class WorkspaceForm(forms.ModelForm):
 
     class Meta:
         model = Workspace
-        fields = ["slug", "name", "four_eyes", "default_autonomy", "egress_allowlist"]
+        fields = ["slug", "name", "four_eyes", "default_autonomy", "max_autonomy", "min_approvals",
+                  "egress_allowlist"]
         help_texts = {"default_autonomy": "For automations whose definition sets no execution.autonomy; "
-                                          "read each time a step is gated, so it applies to their next steps."}  # fmt: skip
+                                          "read each time a step is gated, so it applies to their next steps.",
+                      "max_autonomy": "The ceiling: no step here is gated above it, whatever its definition "
+                                      "says (an operator's A4 is gated at this row). Read each time a step is gated.",
+                      "min_approvals": "The fewest distinct approvers any gated step here needs (1 to 5), "
+                                       "whatever its approvals_required says."}  # fmt: skip
+
+    def clean_min_approvals(self):
+        value = self.cleaned_data.get("min_approvals")
+        try:
+            return services.min_approvals_check(value)
+        except ServiceError as exc:
+            raise ValidationError([e["message"] for e in exc.errors or []] or exc.message) from None
 
     def clean_egress_allowlist(self):
         value = self.cleaned_data.get("egress_allowlist")
@@ -86,7 +99,8 @@ class MembershipInline(admin.TabularInline):
 @admin.register(Workspace)
 class WorkspaceAdmin(admin.ModelAdmin):
     form = WorkspaceForm
-    list_display = ["slug", "name", "four_eyes", "default_autonomy", "members", "created_at"]
+    list_display = ["slug", "name", "four_eyes", "default_autonomy", "max_autonomy", "min_approvals", "members",
+                    "created_at"]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]
 
@@ -123,7 +137,8 @@ class WorkspaceAdmin(admin.ModelAdmin):
         workspace = Workspace.objects.get(pk=obj.pk)
         services.workspace_update(workspace=workspace, user=request.user, name=data["name"],
                                   four_eyes=data["four_eyes"], egress_allowlist=data["egress_allowlist"],
-                                  default_autonomy=data["default_autonomy"])  # fmt: skip
+                                  default_autonomy=data["default_autonomy"], max_autonomy=data["max_autonomy"],
+                                  min_approvals=data["min_approvals"])  # fmt: skip
         obj.refresh_from_db()
 
     def save_formset(self, request, form, formset, change):
