@@ -16,7 +16,7 @@ from config.errors import ServiceError
 
 from . import services
 from .access import may_act, workspace_ids_for
-from .models import Membership, Permission, Role, Workspace
+from .models import MAX_APPROVALS, Autonomy, Membership, Permission, Role, Workspace
 
 
 class WorkspaceForm(forms.ModelForm):
@@ -25,6 +25,11 @@ class WorkspaceForm(forms.ModelForm):
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60, "style": "font-family: monospace"}),
         help_text='Private hosts or CIDRs http_request may reach, as a JSON list, e.g. ["10.0.0.0/8", "intranet.local"].',
     )  # fmt: skip
+
+    # Not required: a form posted without them (an older page, a script) leaves them as they are.
+    max_autonomy = forms.ChoiceField(choices=[("", "(unchanged)"), *Autonomy.choices], required=False,
+                                     help_text="")  # fmt: skip
+    min_approvals = forms.IntegerField(required=False, min_value=1, max_value=MAX_APPROVALS)
 
     class Meta:
         model = Workspace
@@ -37,8 +42,16 @@ class WorkspaceForm(forms.ModelForm):
                       "min_approvals": "The fewest distinct approvers any gated step here needs (1 to 5), "
                                        "whatever its approvals_required says."}  # fmt: skip
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in ("max_autonomy", "min_approvals"):
+            self.fields[name].help_text = self.Meta.help_texts[name]
+            self.fields[name].initial = getattr(self.instance, name)
+
     def clean_min_approvals(self):
         value = self.cleaned_data.get("min_approvals")
+        if value is None:
+            return None
         try:
             return services.min_approvals_check(value)
         except ServiceError as exc:
@@ -137,8 +150,9 @@ class WorkspaceAdmin(admin.ModelAdmin):
         workspace = Workspace.objects.get(pk=obj.pk)
         services.workspace_update(workspace=workspace, user=request.user, name=data["name"],
                                   four_eyes=data["four_eyes"], egress_allowlist=data["egress_allowlist"],
-                                  default_autonomy=data["default_autonomy"], max_autonomy=data["max_autonomy"],
-                                  min_approvals=data["min_approvals"])  # fmt: skip
+                                  default_autonomy=data["default_autonomy"],
+                                  max_autonomy=data.get("max_autonomy") or None,
+                                  min_approvals=data.get("min_approvals"))  # fmt: skip
         obj.refresh_from_db()
 
     def save_formset(self, request, form, formset, change):
