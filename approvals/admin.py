@@ -302,7 +302,7 @@ class StandingApprovalAdmin(admin.ModelAdmin):
 
     @admin.display(description="state")
     def binding(self, obj):
-        """"active", or why it covers nothing now: "void since version N" after an edit, a retired key..."""
+        """ "active", or why it covers nothing now: "void since version N" after an edit, a retired key..."""
         return services.standing_approval_state(obj)["state"]
 
     def save_model(self, request, obj, form, change):

@@ -269,7 +269,11 @@ def standing_approval_state(standing: StandingApproval, now: datetime | None = N
     found = _automation_lookup[0](standing.automation_id) if _automation_lookup else None
     current = found[2] if found else None
     void_since = None
-    if standing.automation_version is not None and current is not None and current != standing.automation_version:
+    if (
+        standing.automation_version is not None
+        and current is not None
+        and current != standing.automation_version
+    ):
         void_since = standing.automation_version + 1
     problem = standing_signature_problem(standing)
     if standing.revoked:

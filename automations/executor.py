@@ -256,9 +256,10 @@ class Executor(RunRecorder):
             with transaction.atomic(savepoint=False):  # the row keeps its reused outcome while the run waits
                 self._update_run(status=RunStatus.AWAITING_APPROVAL, claimed_by="", lease_expires_at=None)
             return Parked(RunStatus.AWAITING_APPROVAL)
-        code = verdict.code or {"denied": ErrorCode.APPROVAL_DENIED, "expired": ErrorCode.APPROVAL_EXPIRED}.get(
-            verdict.status, ErrorCode.POLICY_VIOLATION
-        )
+        code = verdict.code or {
+            "denied": ErrorCode.APPROVAL_DENIED,
+            "expired": ErrorCode.APPROVAL_EXPIRED,
+        }.get(verdict.status, ErrorCode.POLICY_VIOLATION)
         return self._step_failed(step_run, step, step_run.attempt, Envelope.failure(code, verdict.message,
                                                                                     retryable=False))  # fmt: skip
 

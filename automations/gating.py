@@ -99,8 +99,13 @@ def _gate(run: Run, step_run: StepRun, prepared: PreparedStep, autonomy: str) ->
 
 
 def approval_verdict(
-    run: Run, step_run: StepRun, prepared: PreparedStep, autonomy: str, step_key: str | None = None,
-    constraint_subject: Any = None, extra: dict[str, Any] | None = None,
+    run: Run,
+    step_run: StepRun,
+    prepared: PreparedStep,
+    autonomy: str,
+    step_key: str | None = None,
+    constraint_subject: Any = None,
+    extra: dict[str, Any] | None = None,
 ) -> approval_gates.Verdict:
     """The approval gate for a step (or an agent tool call) that needs a human: standing approval, or an Approval.
 

@@ -210,7 +210,9 @@ def prepare_reused(run: Run, step: dict[str, Any], config: Any) -> PreparedStep 
     if capability is None:
         return _failure(ErrorCode.CAPABILITY_NOT_FOUND, f"unknown capability for step '{step['step_id']}'")
     risk, reasons = risk_for(action, config, capability)
-    return PreparedStep(step=step, action=action, config=config, capability=capability, risk=risk, reasons=reasons)
+    return PreparedStep(
+        step=step, action=action, config=config, capability=capability, risk=risk, reasons=reasons
+    )
 
 
 def risk_for(

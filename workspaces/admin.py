@@ -33,8 +33,15 @@ class WorkspaceForm(forms.ModelForm):
 
     class Meta:
         model = Workspace
-        fields = ["slug", "name", "four_eyes", "default_autonomy", "max_autonomy", "min_approvals",
-                  "egress_allowlist"]
+        fields = [
+            "slug",
+            "name",
+            "four_eyes",
+            "default_autonomy",
+            "max_autonomy",
+            "min_approvals",
+            "egress_allowlist",
+        ]
         help_texts = {"default_autonomy": "For automations whose definition sets no execution.autonomy; "
                                           "read each time a step is gated, so it applies to their next steps.",
                       "max_autonomy": "The ceiling: no step here is gated above it, whatever its definition "
@@ -112,8 +119,16 @@ class MembershipInline(admin.TabularInline):
 @admin.register(Workspace)
 class WorkspaceAdmin(admin.ModelAdmin):
     form = WorkspaceForm
-    list_display = ["slug", "name", "four_eyes", "default_autonomy", "max_autonomy", "min_approvals", "members",
-                    "created_at"]
+    list_display = [
+        "slug",
+        "name",
+        "four_eyes",
+        "default_autonomy",
+        "max_autonomy",
+        "min_approvals",
+        "members",
+        "created_at",
+    ]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]
 

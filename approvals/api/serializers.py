@@ -65,7 +65,9 @@ class StandingApprovalOut(serializers.ModelSerializer):
         fields = ["id", "workspace", "automation_id", "automation_version", "capability_id", "max_uses", "uses",
                   "expires_at", "arg_constraint", "reason", "created_by", "revoked", "revoked_at", "key_id",
                   "state", "void_since_version", "created_at"]  # fmt: skip
-        extra_kwargs = {"automation_version": {"help_text": "the automation version it was granted for (signed)"}}
+        extra_kwargs = {
+            "automation_version": {"help_text": "the automation version it was granted for (signed)"}
+        }
 
     def _state(self, standing: StandingApproval) -> dict:
         cache = self.context.setdefault("standing_states", {}) if isinstance(self.context, dict) else {}

@@ -55,7 +55,8 @@ def test_the_ceiling_is_read_at_gate_time_without_a_re_save(drive, people, targe
     automation = drive.automation(_delete_a4(target, path), user=people.operator)
 
     raised = api.patch(WORKSPACE, {"max_autonomy": "A4"}, format="json")
-    assert raised.status_code == 200 and raised.json()["max_autonomy"] == "A4"
+    assert raised.status_code == 200
+    assert raised.json()["max_autonomy"] == "A4"
     assert drive.start(automation).status == RunStatus.SUCCEEDED  # the admin let A4 through
     assert client_for(people.operator).get(f"/api/v1/automations/{automation.pk}").json()["notices"] == []
 
@@ -181,7 +182,9 @@ def test_the_mcp_server_shows_and_applies_the_ceiling(drive, people, target, pat
     described = tool_call(user=people.operator, name="describe_automation",
                           arguments={"automation_id": str(automation.pk)})  # fmt: skip
     assert described["automation"]["effective_autonomy"] == "A3"
-    started = tool_call(user=people.operator, name="run_automation", arguments={"automation_id": str(automation.pk)})
+    started = tool_call(
+        user=people.operator, name="run_automation", arguments={"automation_id": str(automation.pk)}
+    )
     run = drive(started["run_id"])
 
     assert run.status == RunStatus.AWAITING_APPROVAL

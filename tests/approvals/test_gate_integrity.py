@@ -34,7 +34,9 @@ def _grant(people, automation, **extra):
 # --- standing approvals are bound to the version they were granted for ------------------------------
 
 
-def test_an_edit_of_the_step_is_not_pre_approved_and_the_grant_says_void_since(drive, people, target, path_for):
+def test_an_edit_of_the_step_is_not_pre_approved_and_the_grant_says_void_since(
+    drive, people, target, path_for
+):
     first, edited = path_for("standing-v1"), path_for("standing-v2")
     automation = drive.automation(definition(risk_step("medium", target.url(first)), autonomy="A2"))
     standing = _grant(people, automation)
@@ -45,7 +47,8 @@ def test_an_edit_of_the_step_is_not_pre_approved_and_the_grant_says_void_since(d
         f"/api/v1/automations/{automation.pk}",
         {"definition": definition(risk_step("medium", target.url(edited)), autonomy="A2")}, format="json",
     )  # fmt: skip
-    assert response.status_code == 200 and response.json()["version"] == 2
+    assert response.status_code == 200
+    assert response.json()["version"] == 2
     run = drive.start(automation)
 
     assert run.status == RunStatus.AWAITING_APPROVAL
@@ -59,7 +62,9 @@ def test_an_edit_of_the_step_is_not_pre_approved_and_the_grant_says_void_since(d
 
 
 def test_the_admin_shows_a_voided_standing_approval(drive, people, target, path_for):
-    automation = drive.automation(definition(risk_step("medium", target.url(path_for("sa-admin"))), autonomy="A2"))
+    automation = drive.automation(
+        definition(risk_step("medium", target.url(path_for("sa-admin"))), autonomy="A2")
+    )
     _grant(people, automation)
     automation_update(automation=automation, user=people.owner,
                       definition=definition(risk_step("medium", target.url(path_for("sa-admin2"))), autonomy="A2"))  # fmt: skip
@@ -76,7 +81,9 @@ def test_the_admin_shows_a_voided_standing_approval(drive, people, target, path_
 
 
 def test_the_signature_covers_the_version_binding(drive, people, target, path_for):
-    automation = drive.automation(definition(risk_step("medium", target.url(path_for("sa-rebind"))), autonomy="A2"))
+    automation = drive.automation(
+        definition(risk_step("medium", target.url(path_for("sa-rebind"))), autonomy="A2")
+    )
     standing = _grant(people, automation)
     automation_update(automation=automation, user=people.owner,
                       definition=definition(risk_step("medium", target.url(path_for("sa-rebind2"))), autonomy="A2"))  # fmt: skip
@@ -140,7 +147,9 @@ def test_pausing_and_resuming_makes_nobody_the_last_editor(drive, people, target
 def test_a_definition_edit_still_makes_its_editor_the_last_editor(drive, people, target, path_for, four_eyes):
     automation = drive.automation(definition(risk_step("medium", target.url(path_for("fe-edit"))), autonomy="A2"),
                                   user=people.operator)  # fmt: skip
-    automation_update(automation=automation, user=people.owner, definition={**automation.definition, "name": "v2"})
+    automation_update(
+        automation=automation, user=people.owner, definition={**automation.definition, "name": "v2"}
+    )
 
     run = drive.start(automation, user=people.operator)
 
@@ -157,7 +166,8 @@ def test_a_rerun_from_after_a_require_approval_step_asks_again(drive, people, ta
     automation = drive.automation(definition(SIGN_OFF, risk_step("medium", target.url(path))))
     run = drive.start(automation)
     drive.decide(drive.approval(run), people.alice)
-    assert drive.resume(run).status == RunStatus.SUCCEEDED and target.count(path) == 1
+    assert drive.resume(run).status == RunStatus.SUCCEEDED
+    assert target.count(path) == 1
 
     again = drive(run_rerun(run=run, user=people.operator, from_step="create_item").pk)
 
@@ -192,7 +202,9 @@ def test_a_rerun_past_a_gated_step_asks_again_and_never_repeats_it(drive, people
 
 def test_a_rerun_past_ungated_steps_does_not_ask(drive, people, target, path_for):
     path = path_for("rerun-plain")
-    automation = drive.automation(definition(transform("prepare", {"n": 1}), risk_step("medium", target.url(path))))
+    automation = drive.automation(
+        definition(transform("prepare", {"n": 1}), risk_step("medium", target.url(path)))
+    )
     run = drive.start(automation)
 
     again = drive(run_rerun(run=run, user=people.operator, from_step="create_item").pk)

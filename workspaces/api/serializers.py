@@ -8,8 +8,16 @@ from ..models import MAX_APPROVALS, Autonomy, Membership, Role, Workspace
 class WorkspaceOut(serializers.ModelSerializer):
     class Meta:
         model = Workspace
-        fields = ["slug", "name", "four_eyes", "egress_allowlist", "default_autonomy", "max_autonomy",
-                  "min_approvals", "created_at"]
+        fields = [
+            "slug",
+            "name",
+            "four_eyes",
+            "egress_allowlist",
+            "default_autonomy",
+            "max_autonomy",
+            "min_approvals",
+            "created_at",
+        ]
 
 
 class WorkspaceListOut(serializers.ModelSerializer):
