@@ -210,3 +210,25 @@ def test_two_admins_changing_the_ceiling_at_once_last_write_wins_and_each_is_aud
     assert changes[0]["from"] == "A3"
     assert all(a["to"] == b["from"] for a, b in zip(changes, changes[1:], strict=False))
     assert changes[-1]["to"] == final
+
+
+def test_the_automation_admin_shows_the_effective_autonomy_and_the_clamp(drive, people, target, path_for):
+    from django.urls import reverse
+
+    from tests.test_workspace_admin import staff
+
+    automation = drive.automation(_delete_a4(target, path_for("ceiling-admin")), user=people.operator)
+    from django.contrib.auth.models import Permission as AuthPermission
+
+    people.operator.user_permissions.add(
+        *AuthPermission.objects.filter(content_type__app_label="automations")
+    )
+    page = staff(people.operator).get(reverse("admin:automations_automation_change", args=[automation.pk]))
+
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "effective autonomy" in text.lower()
+    assert (
+        "above this workspace&#x27;s max_autonomy A3" in text
+        or "above this workspace's max_autonomy A3" in text
+    )
