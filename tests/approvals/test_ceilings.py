@@ -232,3 +232,23 @@ def test_the_automation_admin_shows_the_effective_autonomy_and_the_clamp(drive, 
         "above this workspace&#x27;s max_autonomy A3" in text
         or "above this workspace's max_autonomy A3" in text
     )
+
+
+@pytest.mark.parametrize("execution", [{"autonomy": "A4", "max_autonomy": "A4"}, {"min_approvals": 1},
+                                       {"autonomy": "A5"}, {"autonomy": "a4"}])  # fmt: skip
+def test_a_definition_cannot_carry_a_ceiling_of_its_own(people, execution):
+    doc = {**definition(), "execution": execution}
+
+    response = client_for(people.operator).post("/api/v1/automations", doc, format="json")
+
+    assert response.status_code == 400
+    assert response.json()["errors"][0]["path"].startswith("/execution")
+    assert not Automation.objects.exists()
+
+
+def test_a_step_cannot_lower_the_quorum_below_min_approvals(drive, people, target, path_for):
+    Workspace.objects.filter(pk=people.workspace.pk).update(min_approvals=3)
+    step = {**risk_step("medium", target.url(path_for("quorum-low"))), "approvals_required": 1}
+    run = drive.start(drive.automation(definition(step, autonomy="A2"), user=people.operator))
+
+    assert drive.approval(run).approvals_required == 3
