@@ -262,8 +262,8 @@ class StandingApprovalForm(forms.ModelForm):
 @admin.register(StandingApproval)
 class StandingApprovalAdmin(admin.ModelAdmin):
     form = StandingApprovalForm
-    list_display = ["capability_id", "automation_id", "workspace", "uses", "max_uses", "expires_at", "revoked",
-                    "signature_ok", "created_by"]  # fmt: skip
+    list_display = ["capability_id", "automation_id", "automation_version", "workspace", "uses", "max_uses",
+                    "expires_at", "revoked", "signature_ok", "binding", "created_by"]  # fmt: skip
     list_filter = ["revoked", "capability_id"]
     search_fields = ["automation_id", "capability_id"]
     actions = ["revoke_selected"]
@@ -281,7 +281,7 @@ class StandingApprovalAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request, obj=None):
         if obj is None:
             return []
-        return [f.name for f in StandingApproval._meta.fields] + ["signature_ok"]
+        return [f.name for f in StandingApproval._meta.fields] + ["signature_ok", "binding"]
 
     def has_delete_permission(self, request, obj=None):
         return False
@@ -299,6 +299,11 @@ class StandingApprovalAdmin(admin.ModelAdmin):
     @admin.display(boolean=True, description="signature valid")
     def signature_ok(self, obj):
         return standing_signature_valid(obj)
+
+    @admin.display(description="state")
+    def binding(self, obj):
+        """ "active", or why it covers nothing now: "void since version N" after an edit, a retired key..."""
+        return services.standing_approval_state(obj)["state"]
 
     def save_model(self, request, obj, form, change):
         if change:

@@ -2,10 +2,12 @@
 
 ``check_step`` answers whether the step may run *now*:
 
-1. a **standing approval** for this automation and capability that is
-   unrevoked, unexpired, under its use limit, correctly signed and whose
-   argument constraint accepts the rendered config → ``approved`` (one use is
-   taken with a conditional UPDATE, so concurrent runs cannot overspend it);
+1. a **standing approval** for this automation *version* and capability that is
+   unrevoked, unexpired, under its use limit, signed by the current key and whose
+   argument constraint accepts the rendered config (an agent tool call: the tool's
+   own arguments) → ``approved`` (one use is taken with a conditional UPDATE, so
+   concurrent runs cannot overspend it). A standing approval granted for another
+   version of the automation is void for this run (an edit is never pre-approved);
 2. otherwise the step's **Approval** for this run decides:
 
    ========================  ==============================================
@@ -74,6 +76,11 @@ class GateRequest:
     principal_ids: tuple[int, ...] = ()
     # An explicit human checkpoint (require_approval): standing approvals never cover it.
     always_asks_human: bool = False
+    # The automation version the run executes: standing approvals granted for another are void.
+    automation_version: int | None = None
+    # What a standing approval's arg_constraint is matched against when not ``what`` itself
+    # (an agent tool call: the tool's own arguments, not ``{"tool", "args"}``).
+    constraint_subject: Any = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,8 @@ class Verdict:
     created: bool = False
     why: str = ""
     expires_at: datetime | None = None
+    # The step's error code when it must not run and the status alone does not say (APPROVAL_INVALID).
+    code: str = ""
 
 
 def check_step(request: GateRequest) -> Verdict:
@@ -118,6 +127,7 @@ def standing_bounds(standing: StandingApproval) -> dict[str, Any]:
         "expires_at": standing.expires_at,
         "arg_constraint": standing.arg_constraint,
         "created_by": standing.created_by_id,
+        "automation_version": standing.automation_version,
     }
 
 
@@ -125,8 +135,14 @@ def standing_signature_valid(standing: StandingApproval) -> bool:
     return tokens.standing_valid(standing.key_id, standing.signature, **standing_bounds(standing))
 
 
+def standing_signature_problem(standing: StandingApproval) -> str | None:
+    """None, ``bad_signature`` (the bounds were edited) or ``retired_key`` (signed before a rotation)."""
+    return tokens.standing_problem(standing.key_id, standing.signature, **standing_bounds(standing))
+
+
 def _accepts(constraint: Any, what: Any) -> bool:
-    """``arg_constraint`` is a JSON Schema over the step's whole rendered config (``what``).
+    """``arg_constraint`` is a JSON Schema over the step's whole rendered config (``what``), or
+    over an agent tool call's own arguments.
 
     For ``call_capability`` that config is ``{"capability": ..., "args": {...}}``,
     so constraints on the arguments go under ``properties.args``.
@@ -152,18 +168,24 @@ def _use_standing(request: GateRequest, now: datetime) -> Verdict | None:
         workspace_id=request.workspace_id,
         automation_id=request.automation_id,
         capability_id=request.capability_id,
+        # Bound to the version it was granted for: an edit of the automation voids it (issue 29).
+        automation_version=request.automation_version,
         revoked=False,
         expires_at__gt=now,
         uses__lt=F("max_uses"),
     ).order_by("expires_at", "created_at")
+    subject = request.what if request.constraint_subject is None else request.constraint_subject
     for standing in candidates:
-        if not standing_signature_valid(standing):
+        problem = standing_signature_problem(standing)
+        if problem is not None:
+            why = ("it was signed by a retired key" if problem == "retired_key"
+                   else "its signature does not match its bounds")  # fmt: skip
             with transaction.atomic():
-                _audit(request, "approval.standing.rejected",
-                       f"standing approval {standing.pk} ignored: its signature does not match its bounds",
-                       Outcome.FAILURE, refs={"standing_approval": str(standing.pk)})  # fmt: skip
+                _audit(request, "approval.standing.rejected", f"standing approval {standing.pk} ignored: {why}",
+                       Outcome.FAILURE, refs={"standing_approval": str(standing.pk)},
+                       payload={"code": "APPROVAL_INVALID", "reason": problem, "key_id": standing.key_id})  # fmt: skip
             continue
-        if not _accepts(standing.arg_constraint, request.what):
+        if not _accepts(standing.arg_constraint, subject):
             continue
         if standing.created_by_id in _own_people(request):
             with transaction.atomic():
@@ -249,6 +271,8 @@ def why_text(request: GateRequest) -> str:
         )
     if request.reasons:
         text += " (risk raised: " + "; ".join(request.reasons) + ")"
+    if request.extra.get("rerun_of"):
+        text = f"re-run from a later step asks again: {text}"
     return text
 
 
@@ -331,6 +355,9 @@ def _consume(request: GateRequest, approval: Approval, now: datetime) -> Verdict
             return Verdict(
                 "expired", "the approval token expired before the step ran", approval_id=str(approval.pk)
             )
+        if exc.reason == "retired_key":
+            return Verdict("invalid", f"{exc.message}; the step was not run", approval_id=str(approval.pk),
+                           code="APPROVAL_INVALID")  # fmt: skip
         return Verdict("invalid", "the approval could not be verified; the step was not run",
                        approval_id=str(approval.pk))  # fmt: skip
     try:

@@ -116,7 +116,7 @@ class ConsumedNonce(models.Model):
 
 
 class StandingApproval(models.Model):
-    """Pre-authorises one capability for one automation, bounded by uses, expiry and an argument schema.
+    """Pre-authorises one capability for one automation version, bounded by uses, expiry and an argument schema.
 
     ``signature`` is Ed25519 over the bounds (see ``approvals.tokens.standing_bytes``),
     so widening them with a database edit makes the row unusable. ``uses`` and
@@ -137,6 +137,9 @@ class StandingApproval(models.Model):
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # The automation version it was granted for (signed): it covers runs of that version only, so an
+    # edit of the automation voids it for the new version. Null: granted before this binding; void.
+    automation_version = models.PositiveIntegerField(null=True, blank=True)
     revoked = models.BooleanField(default=False)
     revoked_at = models.DateTimeField(null=True, blank=True)
     key_id = models.CharField(max_length=64, blank=True, default="")

@@ -32,7 +32,7 @@ from workspaces.access import has_permission
 from workspaces.models import Permission, Workspace
 
 from . import tokens
-from .gate import standing_bounds
+from .gate import standing_bounds, standing_signature_problem
 from .models import (
     LIVE_STATUSES,
     Approval,
@@ -237,9 +237,10 @@ def _check_constraint(arg_constraint: Any) -> None:
         )
 
 
-# The automations app registers, in its AppConfig.ready, how to find an automation's workspace and
-# last editor by id: approvals never import the engine (STYLE: dependencies point one way).
-AutomationLookup = Callable[[uuid.UUID], "tuple[int, int | None] | None"]
+# The automations app registers, in its AppConfig.ready, how to find an automation's workspace,
+# last definition editor and current version by id: approvals never import the engine (STYLE:
+# dependencies point one way).
+AutomationLookup = Callable[[uuid.UUID], "tuple[int, int | None, int] | None"]
 _automation_lookup: list[AutomationLookup] = []
 
 
@@ -247,12 +248,51 @@ def register_automation_lookup(lookup: AutomationLookup) -> None:
     _automation_lookup[:] = [lookup]
 
 
-def _automation_in(workspace: Workspace, automation_id: uuid.UUID) -> int | None:
-    """The automation's last editor id; NOT_FOUND unless it exists in ``workspace``."""
+def _automation_in(workspace: Workspace, automation_id: uuid.UUID) -> tuple[int | None, int]:
+    """The automation's (last definition editor id, current version); NOT_FOUND unless it exists in
+    ``workspace``."""
     found = _automation_lookup[0](automation_id) if _automation_lookup else None
     if found is None or found[0] != workspace.id:
         raise ApprovalError("NOT_FOUND", "automation not found", 404)
-    return found[1]
+    return found[1], found[2]
+
+
+def standing_approval_state(standing: StandingApproval, now: datetime | None = None) -> dict[str, Any]:
+    """Whether a standing approval can still pre-authorise anything, in words an operator reads.
+
+    ``void_since_version``: the automation was edited after the grant, so it covers no run of the
+    new version (runs of the version it was granted for still count). ``state`` is ``active``,
+    ``revoked``, ``expired``, ``used up``, ``void since version N``, ``void: signed by a retired
+    key``, ``void: its signature does not match its bounds`` or ``void: not bound to a version``.
+    """
+    now = now or timezone.now()
+    found = _automation_lookup[0](standing.automation_id) if _automation_lookup else None
+    current = found[2] if found else None
+    void_since = None
+    if (
+        standing.automation_version is not None
+        and current is not None
+        and current != standing.automation_version
+    ):
+        void_since = standing.automation_version + 1
+    problem = standing_signature_problem(standing)
+    if standing.revoked:
+        state = "revoked"
+    elif standing.automation_version is None:
+        state = "void: not bound to a version (granted before version binding)"
+    elif problem == "retired_key":
+        state = "void: signed by a retired key"
+    elif problem is not None:
+        state = "void: its signature does not match its bounds"
+    elif void_since is not None:
+        state = f"void since version {void_since}"
+    elif standing.expires_at <= now:
+        state = "expired"
+    elif standing.uses >= standing.max_uses:
+        state = "used up"
+    else:
+        state = "active"
+    return {"state": state, "void_since_version": void_since, "current_version": current}
 
 
 def standing_approval_validate(
@@ -295,7 +335,7 @@ def standing_approval_create(
         automation_id=automation_id, capability_id=capability_id, max_uses=max_uses, expires_at=expires_at,
         arg_constraint=arg_constraint,
     )  # fmt: skip
-    last_editor_id = _automation_in(workspace, automation_id)
+    last_editor_id, version = _automation_in(workspace, automation_id)
     if workspace.four_eyes and last_editor_id is not None and last_editor_id == user.pk:
         raise ApprovalError("PERMISSION_DENIED", "four-eyes: you last edited this automation, so someone else "
                             "must create its standing approval", 403)  # fmt: skip
@@ -309,6 +349,8 @@ def standing_approval_create(
         arg_constraint=arg_constraint,
         reason=(reason or "")[:2000],
         created_by=user,
+        # Bound (and signed) to the version it was granted for: an edit is never pre-approved.
+        automation_version=version,
     )
     standing.key_id, standing.signature = tokens.standing_sign(**standing_bounds(standing))
     standing.save(force_insert=True)
@@ -318,7 +360,7 @@ def standing_approval_create(
         workspace_id=workspace.id, actor=writer.actor_for(user),
         refs={"standing_approval": str(standing.pk), "automation": str(automation_id)},
         payload={"capability": capability_id, "max_uses": max_uses, "expires_at": standing.expires_at.isoformat(),
-                 "arg_constraint": arg_constraint, "key_id": standing.key_id},
+                 "arg_constraint": arg_constraint, "key_id": standing.key_id, "automation_version": version},
     )  # fmt: skip
     return standing
 

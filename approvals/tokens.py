@@ -12,8 +12,10 @@ The payload is canonical JSON (keys sorted, no whitespace, UTF-8)::
 
 ``kind`` separates these signatures from anything else the platform key signs
 (audit checkpoints carry another ``kind``), so neither can stand in for the
-other. ``kid`` names the key that signed; retired keys still verify, keys the
-platform never had do not. Verification checks, in order: shape, signature,
+other. ``kid`` names the key that signed; only the current key authorises: a
+token (or a standing approval) signed by a retired key is refused (``retired_key``),
+retired keys verify old audit checkpoints and anchors only, and keys the platform
+never had verify nothing. Verification checks, in order: shape, signature,
 the ids the token is bound to, the plan hash, expiry. Consuming the nonce (so
 a token works once) is the caller's job: it needs the database.
 
@@ -112,6 +114,10 @@ def verify(
         )
     if not signing.verify(payload["kid"], data, signature):
         raise TokenInvalid("bad_signature", "the approval token's signature is invalid")
+    if not signing.is_current(payload["kid"]):
+        raise TokenInvalid(
+            "retired_key", "the approval token was signed with a retired key; ask for a new approval"
+        )
     if payload["approval_id"] != str(approval_id):
         raise TokenInvalid("approval_mismatch", "the approval token belongs to another approval")
     if payload["run_id"] != str(run_id):
@@ -138,11 +144,13 @@ def standing_bytes(
     expires_at: datetime,
     arg_constraint: Any,
     created_by: int | None,
+    automation_version: int | None,
 ) -> bytes:
     return _canonical(
         {
             "arg_constraint": arg_constraint,
             "automation_id": str(automation_id),
+            "automation_version": automation_version,
             "capability_id": str(capability_id),
             "created_by": created_by,
             "expires_at": int(expires_at.timestamp()),
@@ -159,7 +167,15 @@ def standing_sign(**bounds: Any) -> tuple[str, str]:
     return signing.sign(standing_bytes(**bounds))
 
 
+def standing_problem(key_id: str, signature: str, **bounds: Any) -> str | None:
+    """None when the standing approval's signature covers its bounds and was made by the current key;
+    else ``bad_signature`` or ``retired_key`` (a retired key authorises nothing new)."""
+    if not key_id or not signature or not signing.verify(key_id, standing_bytes(**bounds), signature):
+        return "bad_signature"
+    if not signing.is_current(key_id):
+        return "retired_key"
+    return None
+
+
 def standing_valid(key_id: str, signature: str, **bounds: Any) -> bool:
-    if not key_id or not signature:
-        return False
-    return signing.verify(key_id, standing_bytes(**bounds), signature)
+    return standing_problem(key_id, signature, **bounds) is None

@@ -245,6 +245,14 @@ def verify(key_id: str, data: bytes, signature: str) -> bool:
     return True
 
 
+def is_current(key_id: str) -> bool:
+    """True when ``key_id`` names the key that signs now (not a retired one). What a signature
+    *authorises* (approval tokens, standing approvals) must be by the current key: retired keys
+    only prove what was signed before the rotation (checkpoints, anchors)."""
+    entry = _keyring().public.get(str(key_id))
+    return entry is not None and entry[1]
+
+
 def public_keys() -> list[dict[str, Any]]:
     """Every key that can verify: the current one first, then retired ones."""
     ring = _keyring()

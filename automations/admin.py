@@ -142,10 +142,18 @@ class AutomationAdmin(WorkspaceScopedAdmin):
         if obj is None:
             return ["workspace", "definition", "status"]
         shown = "definition" if self.has_change_permission(request, obj) else "pretty_definition"
-        return ["workspace", shown, "status", *self.PAGES]
+        return ["workspace", shown, "status", "effective_autonomy", *self.PAGES]
 
     def get_readonly_fields(self, request, obj=None):
-        return ["workspace", "pretty_definition", *self.PAGES] if obj else []
+        return ["workspace", "pretty_definition", "effective_autonomy", *self.PAGES] if obj else []
+
+    @admin.display(description="effective autonomy")
+    def effective_autonomy(self, obj):
+        """What its steps are gated at now: its own autonomy (else the workspace default), within the
+        workspace's ceiling; and what the ceilings change, if anything."""
+        notices = selectors.ceiling_notices(obj.definition, obj.workspace)
+        effective = selectors.definition_autonomy(obj.definition, obj.workspace)
+        return "; ".join([effective, *(n["message"] for n in notices)])
 
     def get_form(self, request, obj=None, change=False, **kwargs):
         form = super().get_form(request, obj, change, **kwargs)
@@ -302,6 +310,8 @@ class AutomationAdmin(WorkspaceScopedAdmin):
             saved = services.automation_create(workspace=data["workspace"], definition=data["definition"],
                                                user=request.user, status=data["status"])  # fmt: skip
         obj.pk = saved.pk
+        for notice in selectors.ceiling_notices(saved.definition, saved.workspace):
+            self.message_user(request, f"{saved.name}: {notice['message']}", messages.WARNING)
 
     def save_related(self, request, form, formsets, change):
         """Versions are written by the service, never edited here."""

@@ -7,7 +7,8 @@ to the model, nothing runs); described for risk and put through the gate
 matrix at the run's autonomy — ``block`` fails the step with
 ``POLICY_VIOLATION``, ``preview`` returns a dry run, ``confirm`` asks the
 approval gate under its own step key (``<phase>:<index>:<step_id>#t<n>``) and
-the plan hash of exactly ``{"tool", "args"}``: pending parks the run
+the plan hash of exactly ``{"tool", "args"}`` (a standing approval's ``arg_constraint``
+is matched against the tool's own arguments): pending parks the run
 (``AwaitingApproval``), denied or expired fail the step; then the handler
 runs, its output redacted like any step's, its cost charged to the step's
 meter. Every call writes one ``agent.tool`` audit row (plus the gate's own
@@ -116,12 +117,15 @@ class ToolGateway:
             step=dict(self.step), action=action,
             config={"tool": tool_id, "args": dict(args)}, capability=capability, risk=risk, reasons=reasons,
         )  # fmt: skip
-        verdict = gating.approval_verdict(self.run, self.step_run, prepared, self.autonomy, step_key=step_key)
+        # A standing approval's arg_constraint reads the tool's own arguments (issue 29), as it reads a
+        # step's flat config: never {"tool", "args"}, where a constraint on the arguments' fields is vacuous.
+        verdict = gating.approval_verdict(self.run, self.step_run, prepared, self.autonomy, step_key=step_key,
+                                          constraint_subject=dict(args))  # fmt: skip
         if verdict.status == "approved":
             return
         if verdict.status == "pending":
             raise AwaitingApproval(verdict.approval_id)
-        raise StepFailure(_ENDED.get(verdict.status, ErrorCode.POLICY_VIOLATION),
+        raise StepFailure(verdict.code or _ENDED.get(verdict.status, ErrorCode.POLICY_VIOLATION),
                           f"tool {tool_id}: {verdict.message}", retryable=False)  # fmt: skip
 
     def _execute(self, tool: tools.Tool, capability: Capability, args: Mapping[str, Any]) -> Envelope:

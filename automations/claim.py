@@ -64,6 +64,10 @@ RETURNING *,
         AS claimed_egress_allowlist,
     (SELECT default_autonomy FROM workspaces_workspace WHERE id = automations_run.workspace_id)
         AS claimed_default_autonomy,
+    (SELECT max_autonomy FROM workspaces_workspace WHERE id = automations_run.workspace_id)
+        AS claimed_max_autonomy,
+    (SELECT min_approvals FROM workspaces_workspace WHERE id = automations_run.workspace_id)
+        AS claimed_min_approvals,
     EXISTS (SELECT 1 FROM automations_steprun WHERE run_id = automations_run.id) AS claimed_has_steps
 """
 
@@ -122,7 +126,7 @@ def claim(run_id: str, me: str, *, held: bool = False) -> Run | None:
     (not a recovery).
 
     One statement: the conditional UPDATE returns the run, its workspace's egress
-    allowlist and default autonomy (the workspace fields a step reads) and whether it has step rows
+    allowlist, default autonomy and ceilings (the workspace fields a step reads) and whether it has step rows
     yet (``run.has_step_runs``: a fresh run has none to read).
     """
     now = timezone.now()
@@ -146,8 +150,11 @@ def claim(run_id: str, me: str, *, held: bool = False) -> Run | None:
         if isinstance(allowlist, str | bytes):  # the extra columns are not converted
             allowlist = json.loads(allowlist)
         # The workspace with only what a step reads; any other field loads on use.
-        run.workspace = Workspace.from_db(connection.alias, ["id", "egress_allowlist", "default_autonomy"],
-                                          [run.workspace_id, allowlist, extra["claimed_default_autonomy"]])  # fmt: skip
+        run.workspace = Workspace.from_db(
+            connection.alias, ["id", "egress_allowlist", "default_autonomy", "max_autonomy", "min_approvals"],
+            [run.workspace_id, allowlist, extra["claimed_default_autonomy"], extra["claimed_max_autonomy"],
+             extra["claimed_min_approvals"]],
+        )  # fmt: skip
         run.has_step_runs = bool(extra["claimed_has_steps"])
         run.first_claim = run.started_at == now  # the COALESCE above kept an earlier start
         log_change(run.pk, RunStatus.RUNNING, detail=f"claimed by {me}")

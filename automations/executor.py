@@ -41,6 +41,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from approvals import policy
 from approvals.services import approvals_settle_for_step
 from audit import writer
 from audit.models import Outcome
@@ -198,6 +199,10 @@ class Executor(RunRecorder):
         logs.bind(step_id=step["step_id"])
         step_run = self._step_run(step)
         if step_run.status in (StepStatus.SUCCEEDED, StepStatus.SKIPPED):  # reused by a re-run
+            if step_run.status == StepStatus.SUCCEEDED and steps.reused_from(step_run):
+                parked = self._gate_reused(step_run, step)
+                if parked is not None:
+                    return parked
             self._update_run(step_index=self.run.step_index + 1)
             return None
         attempt = step_run.attempt + 1
@@ -231,6 +236,32 @@ class Executor(RunRecorder):
                             refs={"step": step["step_id"]}, payload={"reasons": prepared.reasons})  # fmt: skip
             return self._step_failed(step_run, step, attempt, result.envelope)
         return self._call(step_run, step, attempt, prepared)
+
+    def _gate_reused(self, step_run: StepRun, step: dict[str, Any]) -> Parked | None:
+        """A re-run from a later step walks past this step's reused outcome; if the step would be gated
+        now (``require_approval``, or its risk at this autonomy), a human says yes again first: the yes
+        given to the original run does not carry over (issue 29). Nothing is executed again."""
+        prepared = steps.prepare_reused(self.run, step, step_run.rendered_config)
+        if isinstance(prepared, Envelope):
+            return self._step_failed(step_run, step, step_run.attempt, prepared)
+        decision = gating.decision_for(prepared, self.autonomy)
+        if decision in (policy.Decision.ALLOW, policy.Decision.PREVIEW):
+            return None
+        verdict = gating.approval_verdict(
+            self.run, step_run, prepared, self.autonomy, extra={"rerun_of": steps.reused_from(step_run)}
+        )
+        if verdict.status == "approved":
+            return None
+        if verdict.status == "pending":
+            with transaction.atomic(savepoint=False):  # the row keeps its reused outcome while the run waits
+                self._update_run(status=RunStatus.AWAITING_APPROVAL, claimed_by="", lease_expires_at=None)
+            return Parked(RunStatus.AWAITING_APPROVAL)
+        code = verdict.code or {
+            "denied": ErrorCode.APPROVAL_DENIED,
+            "expired": ErrorCode.APPROVAL_EXPIRED,
+        }.get(verdict.status, ErrorCode.POLICY_VIOLATION)
+        return self._step_failed(step_run, step, step_run.attempt, Envelope.failure(code, verdict.message,
+                                                                                    retryable=False))  # fmt: skip
 
     def _call(self, step_run: StepRun, step: dict, attempt: int, prepared: PreparedStep) -> Parked | None:
         step_id, config, capability = step["step_id"], prepared.config, prepared.capability

@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 from approvals import gate as approval_gates
 from approvals import policy
@@ -91,24 +92,34 @@ def _gate(run: Run, step_run: StepRun, prepared: PreparedStep, autonomy: str) ->
         return PROCEED
     if verdict.status == "pending":
         return GateResult(GateOutcome.PARK)
-    code = {"denied": ErrorCode.APPROVAL_DENIED, "expired": ErrorCode.APPROVAL_EXPIRED}.get(
+    code = verdict.code or {"denied": ErrorCode.APPROVAL_DENIED, "expired": ErrorCode.APPROVAL_EXPIRED}.get(
         verdict.status, ErrorCode.POLICY_VIOLATION
     )
     return _refuse(code, verdict.message)
 
 
 def approval_verdict(
-    run: Run, step_run: StepRun, prepared: PreparedStep, autonomy: str, step_key: str | None = None
+    run: Run,
+    step_run: StepRun,
+    prepared: PreparedStep,
+    autonomy: str,
+    step_key: str | None = None,
+    constraint_subject: Any = None,
+    extra: dict[str, Any] | None = None,
 ) -> approval_gates.Verdict:
-    """The approval gate for a step (or an agent tool call) that needs a human: standing approval, or an Approval."""
+    """The approval gate for a step (or an agent tool call) that needs a human: standing approval, or an Approval.
+
+    ``constraint_subject``: what a standing approval's ``arg_constraint`` is matched against when it
+    is not the rendered config (an agent tool call's own arguments)."""
     automation = Automation.objects.filter(pk=run.automation_id).values("version", "updated_by_id").first()
     if automation is None or automation["version"] != run.automation_version:
         return approval_gates.Verdict(
             "invalid", "the automation was edited after this run started; re-run it"
         )
     request = prepared.gate_request(
-        run, step_run, autonomy=autonomy, last_editor_id=automation["updated_by_id"], step_key=step_key
-    )
+        run, step_run, autonomy=autonomy, last_editor_id=automation["updated_by_id"], step_key=step_key,
+        constraint_subject=constraint_subject, extra=extra,
+    )  # fmt: skip
     verdict = approval_gates.check_step(request)
     if verdict.created:
         events.publish(

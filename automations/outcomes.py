@@ -29,6 +29,7 @@ from audit.models import Outcome
 from audit.redaction import redact
 from capabilities.base import CostMeter, Envelope, ErrorCode, StepFailure
 from config import instruments, one_round_trip
+from workspaces.models import effective_autonomy
 
 from . import events, transient
 from .claim import LostClaim
@@ -70,9 +71,12 @@ class RunRecorder:
         self._kept = None
         self._commit_with_end = False
         self.execution = run.snapshot.get("execution") or {}
-        # The definition's own autonomy, else the workspace's default as it is now: resolved
-        # each time a worker takes the run, never frozen into the definition (docs/concepts.md).
-        self.autonomy = self.execution.get("autonomy") or run.workspace.default_autonomy
+        # The definition's own autonomy, else the workspace's default as it is now, never above the
+        # workspace's ceiling (max_autonomy): resolved each time a worker takes the run, never
+        # frozen into the definition (docs/concepts.md).
+        self.autonomy = effective_autonomy(
+            self.execution.get("autonomy"), run.workspace.default_autonomy, run.workspace.max_autonomy
+        )
         timeout = float(self.execution.get("timeout_seconds", DEFAULT_RUN_TIMEOUT))
         self.deadline = run.started_at + timedelta(seconds=timeout)
 

@@ -12,7 +12,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from workspaces.access import workspace_ids_for, workspaces_for
-from workspaces.models import Permission
+from workspaces.models import Permission, Workspace, effective_autonomy
 
 from .models import Automation, AutomationVersion, Run
 
@@ -24,6 +24,42 @@ def automations_visible_to(user) -> QuerySet[Automation]:
     return Automation.objects.filter(workspace__in=workspaces_for(user, Permission.VIEW)).select_related(
         "workspace"
     )
+
+
+def definition_autonomy(definition: Any, workspace: Workspace) -> str:
+    """The autonomy its steps are gated at now: the definition's (else the workspace default),
+    never above the workspace's ``max_autonomy`` (what the worker computes at gate time)."""
+    execution = (definition.get("execution") if isinstance(definition, dict) else None) or {}
+    own = execution.get("autonomy") if isinstance(execution, dict) else None
+    return effective_autonomy(own, workspace.default_autonomy, workspace.max_autonomy)
+
+
+def ceiling_notices(definition: Any, workspace: Workspace) -> list[dict[str, str]]:
+    """What the workspace's ceilings change about this definition (it saves as written: definitions are
+    portable; the gate applies the ceilings when it runs). Empty when they change nothing."""
+    notices: list[dict[str, str]] = []
+    execution = (definition.get("execution") if isinstance(definition, dict) else None) or {}
+    own = execution.get("autonomy") if isinstance(execution, dict) else None
+    effective = definition_autonomy(definition, workspace)
+    if own and effective != own:
+        notices.append({
+            "code": "autonomy_clamped", "path": "/execution/autonomy",
+            "message": f"autonomy {own} is above this workspace's max_autonomy {workspace.max_autonomy}: "
+                       f"its steps are gated at {effective}",
+        })  # fmt: skip
+    elif not own and effective != workspace.default_autonomy:
+        notices.append({
+            "code": "autonomy_clamped", "path": "/execution/autonomy",
+            "message": f"the workspace default autonomy {workspace.default_autonomy} is above its max_autonomy "
+                       f"{workspace.max_autonomy}: its steps are gated at {effective}",
+        })  # fmt: skip
+    if workspace.min_approvals > 1:
+        notices.append({
+            "code": "approvals_raised", "path": "/plan",
+            "message": f"every gated step here needs at least {workspace.min_approvals} distinct approvers "
+                       "(the workspace's min_approvals)",
+        })  # fmt: skip
+    return notices
 
 
 def automations_listed_for(user, *, archived: bool = False) -> QuerySet[Automation]:
@@ -44,10 +80,15 @@ def run_with_steps(run: Run) -> list:
     return list(run.steps.order_by("-phase", "index")) if run.pk else []
 
 
-def automation_workspace_and_editor(automation_id) -> tuple[int, int | None] | None:
-    """``(workspace id, last editor id)`` of an automation, None if there is none with that id."""
-    row = Automation.objects.filter(pk=automation_id).values_list("workspace_id", "updated_by_id").first()
-    return (row[0], row[1]) if row else None
+def automation_workspace_and_editor(automation_id) -> tuple[int, int | None, int] | None:
+    """``(workspace id, last definition editor id, current version)`` of an automation, None if there
+    is none with that id."""
+    row = (
+        Automation.objects.filter(pk=automation_id)
+        .values_list("workspace_id", "updated_by_id", "version")
+        .first()
+    )
+    return (row[0], row[1], row[2]) if row else None
 
 
 class LastRun(TypedDict):

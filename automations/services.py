@@ -38,6 +38,7 @@ from .models import (
     StepRun,
     StepStatus,
 )
+from .steps import REUSED_FROM
 from .transitions import check_transition, log_change, skip_unreached
 
 logger = logging.getLogger(__name__)
@@ -128,7 +129,10 @@ def automation_update(
         automation.status = new_status
     if not changes:
         return automation
-    automation.updated_by = user if user and user.is_authenticated else automation.updated_by
+    if "version" in changes:
+        # ``updated_by`` is the last *definition* editor (four-eyes counts them out of approving its
+        # steps): pausing or resuming makes nobody an editor (issue 29).
+        automation.updated_by = user if user and user.is_authenticated else automation.updated_by
     automation.save(update_fields=["definition", "name", "version", "status", "updated_by", "updated_at"])
     kind = (
         "automation.updated"
@@ -312,6 +316,12 @@ def run_rerun(*, run: Run, user=None, from_step: str | None = None) -> Run:
                 )
             if plan[index].get("output_as") and step_run.output:
                 context[plan[index]["output_as"]] = step_run.output.get("data")
+    # The re-run walks past the reused steps from the first one, so a step among them that would be
+    # gated now (require_approval, or its risk at the autonomy of the time) asks a human again.
+    first_reused = min(
+        (s.index for s in run.steps.filter(phase="plan", index__lt=start, status=StepStatus.SUCCEEDED)),
+        default=start,
+    )
     new = Run.objects.create(
         workspace_id=run.workspace_id, automation_id=run.automation_id, automation_version=run.automation_version,
         snapshot_copy=run.snapshot_copy, inputs=run.inputs, trigger_type=run.trigger_type, trigger_key=run.trigger_key,
@@ -320,13 +330,14 @@ def run_rerun(*, run: Run, user=None, from_step: str | None = None) -> Run:
         # Not an event hop: a re-run sits at the depth of the run it repeats, so its events count
         # toward MAX_CHAIN_DEPTH as the original's did (depth 0 would let a loop start over).
         chain_depth=run.chain_depth, queue=run.queue, concurrency_key=run.concurrency_key,
-        step_index=start, context=context, enqueued_at=timezone.now(),
+        step_index=first_reused, context=context, enqueued_at=timezone.now(),
     )  # fmt: skip
     for step_run in run.steps.filter(phase="plan", index__lt=start):
         StepRun.objects.create(
             run=new, phase="plan", index=step_run.index, step_id=step_run.step_id, action=step_run.action,
             status=step_run.status, attempt=step_run.attempt, rendered_config=step_run.rendered_config,
             output=step_run.output, started_at=step_run.started_at, finished_at=step_run.finished_at,
+            checkpoint={REUSED_FROM: str(run.pk)},
         )  # fmt: skip
     for trace in {run.trace_id, new.trace_id}:
         writer.append(

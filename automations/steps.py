@@ -24,6 +24,7 @@ from approvals.gate import GateRequest
 from audit import writer
 from capabilities import registry
 from capabilities.base import ActionDefinition, Capability, Envelope, ErrorCode, Risk, RiskInputs
+from workspaces.models import effective_quorum
 
 from . import definition as defs
 from .expressions import template
@@ -56,6 +57,8 @@ class PreparedStep:
         autonomy: str,
         last_editor_id: int | None,
         step_key: str | None = None,
+        constraint_subject: Any = None,
+        extra: dict[str, Any] | None = None,
     ) -> GateRequest:
         """What an approver decides on: this exact rendered step (or agent tool call) of this run."""
         step_key = step_key or f"{step_run.phase}:{step_run.index}:{self.step_id}"
@@ -78,9 +81,13 @@ class PreparedStep:
             last_editor_id=last_editor_id,
             principal_ids=tuple(run.principal_ids or ()),
             always_asks_human=self.action.always_asks_human,
-            extra={"autonomy": autonomy},
-            approvals_required=int(
-                self.step.get("approvals_required", self.config.get("approvals_required", 1)) or 1
+            extra={"autonomy": autonomy, **(extra or {})},
+            automation_version=run.automation_version,
+            constraint_subject=constraint_subject,
+            # Never fewer than the workspace's min_approvals, read now (issue 29).
+            approvals_required=effective_quorum(
+                self.step.get("approvals_required", self.config.get("approvals_required", 1)),
+                run.workspace.min_approvals,
             ),
             expires_in_seconds=int(
                 execution.get("approval_timeout_seconds", DEFAULT_APPROVAL_TIMEOUT_SECONDS)
@@ -177,6 +184,31 @@ def prepare(run: Run, step: dict[str, Any], attempt: int) -> PreparedStep | Skip
             )
     if capability is None:
         return _failure(ErrorCode.CAPABILITY_NOT_FOUND, f"unknown capability '{step['action']}'")
+    risk, reasons = risk_for(action, config, capability)
+    return PreparedStep(
+        step=step, action=action, config=config, capability=capability, risk=risk, reasons=reasons
+    )
+
+
+REUSED_FROM = "reused_from_run"  # the checkpoint of a step row a re-run copied from the run it repeats
+
+
+def reused_from(step_run: StepRun) -> str | None:
+    """The run a re-run copied this step row from (its outcome is reused, never executed again)."""
+    checkpoint = step_run.checkpoint
+    return checkpoint.get(REUSED_FROM) if isinstance(checkpoint, dict) else None
+
+
+def prepare_reused(run: Run, step: dict[str, Any], config: Any) -> PreparedStep | Envelope:
+    """A step a re-run reuses, described from the config it ran with (not rendered again): what the
+    gate needs to ask again when the step would be gated now (issue 29)."""
+    action = registry.get_action(step["action"])
+    if action is None:
+        return _failure(ErrorCode.CAPABILITY_NOT_FOUND, f"unknown action '{step['action']}'")
+    config = config if isinstance(config, dict) else {}
+    capability = defs.describe_step({**step, "config": config}, run.workspace_id)
+    if capability is None:
+        return _failure(ErrorCode.CAPABILITY_NOT_FOUND, f"unknown capability for step '{step['step_id']}'")
     risk, reasons = risk_for(action, config, capability)
     return PreparedStep(
         step=step, action=action, config=config, capability=capability, risk=risk, reasons=reasons

@@ -56,6 +56,16 @@ AUTOMATION = obj(
             "description": "the JSON definition (GET /api/v1/schema/definition)",
         },
         "workspace": {"type": "string"},
+        "effective_autonomy": {
+            "enum": ["A0", "A1", "A2", "A3", "A4"],
+            "description": "the autonomy its steps are gated at: its own (else the workspace default), "
+            "never above the workspace's max_autonomy",
+        },
+        "notices": {
+            "type": "array",
+            "items": {"type": "object"},
+            "description": "what the workspace's ceilings change (autonomy_clamped, approvals_raised)",
+        },
         "created_at": TIME,
         "updated_at": TIME,
     },

@@ -1,4 +1,5 @@
-"""Workspaces and their members in the admin: roles, four-eyes, default autonomy and the egress allowlist.
+"""Workspaces and their members in the admin: roles, four-eyes, default autonomy, the ceilings
+(max autonomy, min approvals) and the egress allowlist.
 
 Every write goes through ``workspaces.services`` (audited); a workspace is managed by its
 ``admin`` members (and superusers), and only superusers create workspaces.
@@ -15,7 +16,7 @@ from config.errors import ServiceError
 
 from . import api_tokens, services
 from .access import may_act, workspace_ids_for
-from .models import ApiToken, Membership, Permission, Role, Workspace
+from .models import MAX_APPROVALS, ApiToken, Autonomy, Membership, Permission, Role, Workspace
 
 
 class WorkspaceForm(forms.ModelForm):
@@ -25,11 +26,43 @@ class WorkspaceForm(forms.ModelForm):
         help_text='Private hosts or CIDRs http_request may reach, as a JSON list, e.g. ["10.0.0.0/8", "intranet.local"].',
     )  # fmt: skip
 
+    # Not required: a form posted without them (an older page, a script) leaves them as they are.
+    max_autonomy = forms.ChoiceField(choices=[("", "(unchanged)"), *Autonomy.choices], required=False,
+                                     help_text="")  # fmt: skip
+    min_approvals = forms.IntegerField(required=False, min_value=1, max_value=MAX_APPROVALS)
+
     class Meta:
         model = Workspace
-        fields = ["slug", "name", "four_eyes", "default_autonomy", "egress_allowlist"]
+        fields = [
+            "slug",
+            "name",
+            "four_eyes",
+            "default_autonomy",
+            "max_autonomy",
+            "min_approvals",
+            "egress_allowlist",
+        ]
         help_texts = {"default_autonomy": "For automations whose definition sets no execution.autonomy; "
-                                          "read each time a step is gated, so it applies to their next steps."}  # fmt: skip
+                                          "read each time a step is gated, so it applies to their next steps.",
+                      "max_autonomy": "The ceiling: no step here is gated above it, whatever its definition "
+                                      "says (an operator's A4 is gated at this row). Read each time a step is gated.",
+                      "min_approvals": "The fewest distinct approvers any gated step here needs (1 to 5), "
+                                       "whatever its approvals_required says."}  # fmt: skip
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in ("max_autonomy", "min_approvals"):
+            self.fields[name].help_text = self.Meta.help_texts[name]
+            self.fields[name].initial = getattr(self.instance, name)
+
+    def clean_min_approvals(self):
+        value = self.cleaned_data.get("min_approvals")
+        if value is None:
+            return None
+        try:
+            return services.min_approvals_check(value)
+        except ServiceError as exc:
+            raise ValidationError([e["message"] for e in exc.errors or []] or exc.message) from None
 
     def clean_egress_allowlist(self):
         value = self.cleaned_data.get("egress_allowlist")
@@ -86,7 +119,16 @@ class MembershipInline(admin.TabularInline):
 @admin.register(Workspace)
 class WorkspaceAdmin(admin.ModelAdmin):
     form = WorkspaceForm
-    list_display = ["slug", "name", "four_eyes", "default_autonomy", "members", "created_at"]
+    list_display = [
+        "slug",
+        "name",
+        "four_eyes",
+        "default_autonomy",
+        "max_autonomy",
+        "min_approvals",
+        "members",
+        "created_at",
+    ]
     search_fields = ["slug", "name"]
     inlines = [MembershipInline]
 
@@ -123,7 +165,9 @@ class WorkspaceAdmin(admin.ModelAdmin):
         workspace = Workspace.objects.get(pk=obj.pk)
         services.workspace_update(workspace=workspace, user=request.user, name=data["name"],
                                   four_eyes=data["four_eyes"], egress_allowlist=data["egress_allowlist"],
-                                  default_autonomy=data["default_autonomy"])  # fmt: skip
+                                  default_autonomy=data["default_autonomy"],
+                                  max_autonomy=data.get("max_autonomy") or None,
+                                  min_approvals=data.get("min_approvals"))  # fmt: skip
         obj.refresh_from_db()
 
     def save_formset(self, request, form, formset, change):

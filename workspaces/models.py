@@ -45,6 +45,22 @@ class Autonomy(models.TextChoices):
 
 
 DEFAULT_AUTONOMY = Autonomy.A3
+DEFAULT_MAX_AUTONOMY = Autonomy.A3
+DEFAULT_MIN_APPROVALS = 1
+MAX_APPROVALS = 5
+
+
+def effective_autonomy(own: str | None, default: str, ceiling: str) -> str:
+    """A step's gate row: the definition's autonomy (else the workspace default), never above the
+    workspace's ``max_autonomy`` (issue 29). Values are ``A0``..``A4``; lower is stricter."""
+    wanted = own or default
+    return min(wanted, ceiling or DEFAULT_MAX_AUTONOMY)  # "A0" < "A1" < ... < "A4"
+
+
+def effective_quorum(required: int | None, minimum: int | None) -> int:
+    """Distinct approvers a gated step needs: its own ``approvals_required``, never below the
+    workspace's ``min_approvals``."""
+    return max(int(required or 1), int(minimum or DEFAULT_MIN_APPROVALS), 1)
 
 
 class Workspace(models.Model):
@@ -57,6 +73,11 @@ class Workspace(models.Model):
     # The gate row of every automation here whose definition sets no execution.autonomy, read
     # when a worker gates a step (docs/concepts.md), so a change reaches them without a re-save.
     default_autonomy = models.CharField(max_length=2, choices=Autonomy.choices, default=DEFAULT_AUTONOMY)
+    # Ceilings (issue 29), set by the workspace's admins only and read at gate time: no step here is
+    # gated above ``max_autonomy``, whatever its definition says, and none asks fewer than
+    # ``min_approvals`` distinct approvers.
+    max_autonomy = models.CharField(max_length=2, choices=Autonomy.choices, default=DEFAULT_MAX_AUTONOMY)
+    min_approvals = models.PositiveSmallIntegerField(default=DEFAULT_MIN_APPROVALS)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -15,7 +15,7 @@ from audit import writer
 from config.errors import InvalidArgument, ServiceError
 
 from . import api_tokens
-from .models import Autonomy, Membership, Role, TokenScope, Workspace
+from .models import MAX_APPROVALS, Autonomy, Membership, Role, TokenScope, Workspace
 
 
 def _trace() -> str:
@@ -102,19 +102,30 @@ def egress_allowlist_check(value: Any) -> list[str]:
     return clean
 
 
-def autonomy_check(value: Any) -> str:
-    if value not in Autonomy.values:
-        raise InvalidArgument([{"path": "/default_autonomy", "code": "invalid_choice",
+def autonomy_check(value: Any, field: str = "default_autonomy") -> str:
+    if not isinstance(value, str) or value not in Autonomy.values:
+        raise InvalidArgument([{"path": f"/{field}", "code": "invalid_choice",
                                 "message": f"{value!r} is not one of {', '.join(Autonomy.values)}"}])  # fmt: skip
+    return value
+
+
+def min_approvals_check(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_APPROVALS:
+        raise InvalidArgument([{"path": "/min_approvals", "code": "out_of_range",
+                                "message": f"min_approvals is a whole number from 1 to {MAX_APPROVALS}"}])  # fmt: skip
     return value
 
 
 @transaction.atomic
 def workspace_update(*, workspace: Workspace, user=None, name: str | None = None, four_eyes: bool | None = None,
-                     egress_allowlist: Any = None, default_autonomy: str | None = None) -> Workspace:  # fmt: skip
+                     egress_allowlist: Any = None, default_autonomy: str | None = None,
+                     max_autonomy: str | None = None, min_approvals: int | None = None) -> Workspace:  # fmt: skip
     """Change a workspace's settings; one audit row naming what changed (before and after).
 
-    Every value is checked before anything is written: one bad field changes nothing.
+    Every value is checked before anything is written: one bad field changes nothing. The
+    caller checks that the user administers the workspace (the API, the admin). The row is
+    locked first, so two admins changing a ceiling at once are serialised: the last write
+    wins, and each change is its own audit row with the value it replaced.
     """
     workspace = Workspace.objects.select_for_update().get(pk=workspace.pk)
     wanted: dict[str, Any] = {}
@@ -126,6 +137,10 @@ def workspace_update(*, workspace: Workspace, user=None, name: str | None = None
         wanted["egress_allowlist"] = egress_allowlist_check(egress_allowlist)
     if default_autonomy is not None:
         wanted["default_autonomy"] = autonomy_check(default_autonomy)
+    if max_autonomy is not None:
+        wanted["max_autonomy"] = autonomy_check(max_autonomy, "max_autonomy")
+    if min_approvals is not None:
+        wanted["min_approvals"] = min_approvals_check(min_approvals)
     changes = {field: {"from": getattr(workspace, field), "to": value}
                for field, value in wanted.items() if getattr(workspace, field) != value}  # fmt: skip
     if not changes:

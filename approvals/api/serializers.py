@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from rest_framework import serializers
 
 from ..models import Approval, StandingApproval
+from ..services import standing_approval_state
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -51,11 +52,34 @@ class StandingApprovalOut(serializers.ModelSerializer):
     created_by: serializers.SlugRelatedField[User] = serializers.SlugRelatedField(
         slug_field="username", read_only=True
     )
+    state = serializers.SerializerMethodField(
+        help_text="active | revoked | expired | used up | void since version N | void: signed by a retired key | "
+        "void: its signature does not match its bounds | void: not bound to a version"
+    )
+    void_since_version = serializers.SerializerMethodField(
+        help_text="the automation was edited after the grant: no run of this version or later is covered"
+    )
 
     class Meta:
         model = StandingApproval
-        fields = ["id", "workspace", "automation_id", "capability_id", "max_uses", "uses", "expires_at",
-                  "arg_constraint", "reason", "created_by", "revoked", "revoked_at", "key_id", "created_at"]  # fmt: skip
+        fields = ["id", "workspace", "automation_id", "automation_version", "capability_id", "max_uses", "uses",
+                  "expires_at", "arg_constraint", "reason", "created_by", "revoked", "revoked_at", "key_id",
+                  "state", "void_since_version", "created_at"]  # fmt: skip
+        extra_kwargs = {
+            "automation_version": {"help_text": "the automation version it was granted for (signed)"}
+        }
+
+    def _state(self, standing: StandingApproval) -> dict:
+        cache = self.context.setdefault("standing_states", {}) if isinstance(self.context, dict) else {}
+        if standing.pk not in cache:
+            cache[standing.pk] = standing_approval_state(standing)
+        return cache[standing.pk]
+
+    def get_state(self, standing: StandingApproval) -> str:
+        return self._state(standing)["state"]
+
+    def get_void_since_version(self, standing: StandingApproval) -> int | None:
+        return self._state(standing)["void_since_version"]
 
 
 class StandingApprovalIn(serializers.Serializer):

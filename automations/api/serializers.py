@@ -7,6 +7,7 @@ from rest_framework import serializers
 
 from config.openapi import ErrorDetail
 
+from .. import selectors
 from ..dispatcher import DispatchResult
 from ..models import Automation, AutomationStatus, AutomationVersion, Run, RunStatus, StepRun
 
@@ -14,16 +15,37 @@ if TYPE_CHECKING:
     from workspaces.models import Workspace
 
 
+class NoticeOut(serializers.Serializer):
+    code = serializers.CharField(help_text="autonomy_clamped | approvals_raised")
+    path = serializers.CharField(help_text="JSON pointer into the definition")
+    message = serializers.CharField()
+
+
 class AutomationOut(serializers.ModelSerializer):
     workspace: serializers.SlugRelatedField[Workspace] = serializers.SlugRelatedField(
         slug_field="slug", read_only=True
     )
+    effective_autonomy = serializers.SerializerMethodField(
+        help_text="the autonomy its steps are gated at now: execution.autonomy (else the workspace's "
+        "default_autonomy), never above the workspace's max_autonomy"
+    )
+    notices = serializers.SerializerMethodField(
+        help_text="what the workspace's ceilings change about this definition (saved as written, gated "
+        "within the ceilings); empty when nothing"
+    )
 
     class Meta:
         model = Automation
-        fields = ["id", "name", "status", "version", "definition", "workspace", "created_at", "updated_at",
-                  "archived_at"]  # fmt: skip
+        fields = ["id", "name", "status", "version", "definition", "workspace", "effective_autonomy", "notices",
+                  "created_at", "updated_at", "archived_at"]  # fmt: skip
         extra_kwargs = {"archived_at": {"help_text": "set when the automation was archived (DELETE)"}}
+
+    def get_effective_autonomy(self, automation: Automation) -> str:
+        return selectors.definition_autonomy(automation.definition, automation.workspace)
+
+    @extend_schema_field(NoticeOut(many=True))
+    def get_notices(self, automation: Automation):
+        return selectors.ceiling_notices(automation.definition, automation.workspace)
 
 
 class AutomationVersionOut(serializers.ModelSerializer):

@@ -15,6 +15,7 @@ from automations.models import DomainEvent
 from capabilities import mcp, registry
 from capabilities.base import Risk
 from tests.factories import audit_types, critical_step, definition, risk_step
+from workspaces.models import Workspace
 
 LEVELS = ["A0", "A1", "A2", "A3", "A4"]
 RISKS = ["low", "medium", "high", "critical"]
@@ -58,7 +59,10 @@ def test_risk_steps_have_the_risk_they_are_named_for(request, workspace, target)
 
 @pytest.mark.parametrize("risk", RISKS)
 @pytest.mark.parametrize("autonomy", LEVELS)
-def test_gate_matrix_end_to_end(request, drive, target, path_for, autonomy, risk):
+def test_gate_matrix_end_to_end(request, drive, workspace, target, path_for, autonomy, risk):
+    # The matrix itself, every row reachable: the workspace's admin raised its ceiling to A4
+    # (tests/approvals/test_ceilings.py has what the default ceiling A3 does to an A4 definition).
+    Workspace.objects.filter(pk=workspace.pk).update(max_autonomy="A4")
     expected = EXPECTED[autonomy][RISKS.index(risk)]
     step_doc, performed = step_of(risk, request, target, path_for(f"{autonomy}-{risk}"))
     automation = drive.automation(definition(step_doc, autonomy=autonomy))
@@ -98,6 +102,7 @@ def test_gate_matrix_end_to_end(request, drive, target, path_for, autonomy, risk
 
 
 def test_confirmed_step_runs_after_approval(request, drive, people, target, path_for):
+    Workspace.objects.filter(pk=people.workspace.pk).update(max_autonomy="A4")  # a critical step asks at A4
     step_doc, performed = step_of("critical", request, target, path_for("approved"))
     run = drive.start(drive.automation(definition(step_doc, autonomy="A4")))
 

@@ -127,8 +127,11 @@ def test_another_kind_of_signed_statement_is_not_a_token():
     assert refused.value.reason == "malformed"
 
 
-def test_token_from_a_retired_key_still_verifies(settings, tmp_path):
+def test_token_from_a_retired_key_is_refused_though_the_key_still_verifies_old_signatures(settings, tmp_path):
+    """A retired key proves what it signed before the rotation (checkpoints, anchors); it authorises
+    nothing: an approval token it signed is refused (issue 29)."""
     token = _mint()
+    checkpoint_key, checkpoint = signing.sign(b"checkpoint")
     old_public = signing.signing_key().public_key()
     retired = tmp_path / "retired.pem"
     retired.write_text(signing.public_pem(old_public))
@@ -137,19 +140,24 @@ def test_token_from_a_retired_key_still_verifies(settings, tmp_path):
     settings.AUTOPLANE_SIGNING_KEY_FILE = new_file
     settings.AUTOPLANE_RETIRED_PUBLIC_KEY_FILES = [retired]
 
-    assert _verify(token)["kid"] == signing.key_id_for(old_public)
+    with pytest.raises(tokens.TokenInvalid) as refused:
+        _verify(token)
+    assert refused.value.reason == "retired_key"
     assert signing.current_key_id() != signing.key_id_for(old_public)
+    assert signing.verify(checkpoint_key, b"checkpoint", checkpoint)
 
 
 def test_standing_signature_covers_every_bound():
     bounds = {
         "standing_id": "s-1", "workspace_id": 1, "automation_id": "a-1", "capability_id": "http_request",
         "max_uses": 3, "expires_at": NOW, "arg_constraint": {"type": "object"}, "created_by": 7,
+        "automation_version": 4,
     }  # fmt: skip
     key_id, signature = tokens.standing_sign(**bounds)
 
     assert tokens.standing_valid(key_id, signature, **bounds)
     for name, value in [("max_uses", 300), ("expires_at", NOW + timedelta(days=1)), ("arg_constraint", None),
-                        ("capability_id", "send_email"), ("automation_id", "a-2"), ("workspace_id", 2)]:  # fmt: skip
+                        ("capability_id", "send_email"), ("automation_id", "a-2"), ("workspace_id", 2),
+                        ("automation_version", 5), ("automation_version", None)]:  # fmt: skip
         assert not tokens.standing_valid(key_id, signature, **{**bounds, name: value}), name
     assert not tokens.standing_valid("", "", **bounds)

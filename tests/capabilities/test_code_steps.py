@@ -25,6 +25,7 @@ from capabilities.credentials import credential_create
 from capabilities.sandbox import BubblewrapBackend
 from config.celery import QUEUE_FAST, QUEUE_LONG, QUEUE_MEDIUM
 from tests.factories import definition
+from workspaces.models import Workspace
 
 BWRAP_AVAILABLE = BubblewrapBackend().available()
 
@@ -330,6 +331,7 @@ def test_networked_code_step_waits_for_approval_and_has_not_run(workspace, sandb
 
 
 def test_granted_network_is_refused_unless_the_deployment_allows_it(workspace, sandbox, settings):
+    Workspace.objects.filter(pk=workspace.pk).update(max_autonomy="A4")  # a networked step is high risk
     step = shell("fetch", "echo ran", config={"network": "allow"})
     run = run_to_rest(workspace, step, execution={"autonomy": "A4"})
     assert run.status == RunStatus.FAILED

@@ -25,6 +25,7 @@ from capabilities import credentials, mcp, registry, tasks
 from capabilities.base import ErrorCode, Risk, SideEffect
 from capabilities.models import McpServer, McpTool, McpToolStatus
 from tests.factories import client_for
+from workspaces.models import Workspace
 
 pytestmark = pytest.mark.django_db
 
@@ -52,6 +53,8 @@ def _call(step_id, capability, args=None, **extra) -> dict:
 
 
 def _automation(workspace, owner, *steps, autonomy="A4", name="mcp test", **execution):
+    # An MCP tool is high risk: at A4 it runs, once the workspace's admin lets A4 through (max_autonomy).
+    Workspace.objects.filter(pk=workspace.pk).update(max_autonomy="A4")
     definition = {"schema_version": "1.0", "name": name, "plan": list(steps),
                   "execution": {"autonomy": autonomy, **execution}}  # fmt: skip
     return engine.automation_create(workspace=workspace, definition=definition, user=owner)

@@ -3,13 +3,22 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from ..api_tokens import MAX_NAME_LENGTH
-from ..models import ApiToken, Autonomy, Membership, Role, TokenScope, Workspace
+from ..models import MAX_APPROVALS, ApiToken, Autonomy, Membership, Role, TokenScope, Workspace
 
 
 class WorkspaceOut(serializers.ModelSerializer):
     class Meta:
         model = Workspace
-        fields = ["slug", "name", "four_eyes", "egress_allowlist", "default_autonomy", "created_at"]
+        fields = [
+            "slug",
+            "name",
+            "four_eyes",
+            "egress_allowlist",
+            "default_autonomy",
+            "max_autonomy",
+            "min_approvals",
+            "created_at",
+        ]
 
 
 class WorkspaceListOut(serializers.ModelSerializer):
@@ -33,6 +42,21 @@ class WorkspacePatch(serializers.Serializer):
         choices=Autonomy.values, required=False,
         help_text="the gate row of automations here whose definition sets no execution.autonomy",
     )  # fmt: skip
+    max_autonomy = serializers.ChoiceField(
+        choices=Autonomy.values, required=False,
+        help_text="the ceiling: no step here is gated above it, whatever its definition says (admins only)",
+    )  # fmt: skip
+    min_approvals = serializers.IntegerField(
+        min_value=1, max_value=MAX_APPROVALS, required=False,
+        help_text="the fewest distinct approvers any gated step here needs (admins only)",
+    )  # fmt: skip
+
+    def to_internal_value(self, data):
+        # A JSON true or "2" is not a count of approvers (DRF's IntegerField would take "2").
+        value = data.get("min_approvals") if isinstance(data, dict) else None
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise serializers.ValidationError({"min_approvals": ["a whole number from 1 to 5"]})
+        return super().to_internal_value(data)
 
 
 class MemberOut(serializers.ModelSerializer):
