@@ -123,6 +123,7 @@ class AutomationAdmin(WorkspaceScopedAdmin):
         "name",
         "workspace",
         "status",
+        "review_required",
         "version",
         "last_run",
         "last_run_at",
@@ -131,7 +132,7 @@ class AutomationAdmin(WorkspaceScopedAdmin):
     ]
     list_filter = ["status", "workspace"]
     search_fields = ["name", "id"]
-    actions = ["run_now", "pause", "resume", "purge"]
+    actions = ["run_now", "pause", "resume", "activate_reviewed", "purge"]
     change_form_template = "admin/automations/automation/change_form.html"
     PAGES = ["recent_runs", "version_history"]
 
@@ -382,6 +383,17 @@ class AutomationAdmin(WorkspaceScopedAdmin):
     @admin.action(description="Resume")
     def resume(self, request, queryset):
         self._set_status(request, queryset, "active", "resumed")
+
+    @admin.action(description="Activate after review (an apply raised its risk; workspace admins)")
+    def activate_reviewed(self, request, queryset):
+        for automation in queryset:
+            try:
+                require_or_superuser(request.user, automation.workspace_id, Permission.ADMINISTER)
+                services.automation_review_activate(automation=automation, user=request.user)
+            except ServiceError as exc:
+                self.message_user(request, f"{automation.name}: {exc.message}", messages.ERROR)
+            else:
+                self.message_user(request, f"{automation.name}: reviewed and activated")
 
 
 class FixedChoicesFilter(admin.SimpleListFilter):

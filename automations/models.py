@@ -52,6 +52,10 @@ class Automation(models.Model):
     archived_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # Set by an apply that raised its risk (a new credential, capability, MCP tool, webhook or
+    # schedule, a higher autonomy): the automation stays paused until an admin activates it.
+    review_required = models.BooleanField(default=False)
+    review_reasons = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -124,6 +124,10 @@ def automation_update(
                                          created_by=user if user and user.is_authenticated else None)  # fmt: skip
         changes["version"] = automation.version
     new_status = _status(status, automation.status)
+    if new_status == AutomationStatus.ACTIVE and automation.review_required:
+        raise RunActionRefused(
+            "CONFLICT", "the automation awaits review after an apply raised its risk; an admin activates it"
+        )
     if new_status != automation.status:
         changes["status"] = new_status
         automation.status = new_status
@@ -143,6 +147,32 @@ def automation_update(
         trace_id=uuid.uuid4().hex, type=kind, summary=f"automation {automation.name}: {changes}",
         workspace_id=automation.workspace_id, actor=writer.actor_for(user), refs={"automation": str(automation.pk)},
         payload=changes,
+    )  # fmt: skip
+    for hook in automation_saved_hooks:
+        hook(automation)
+    return automation
+
+
+@transaction.atomic
+def automation_review_activate(*, automation: Automation, user=None) -> Automation:
+    """An admin's review of an automation an apply flagged: clear the flag and make it active.
+
+    The caller checks the admin role (API: ``administer`` in the workspace; admin site: the
+    same, or a superuser). Activating an automation that awaits no review is refused (409)."""
+    automation = Automation.objects.select_for_update(no_key=True).get(pk=automation.pk)
+    refuse_archived(automation)
+    if not automation.review_required:
+        raise RunActionRefused("CONFLICT", "the automation awaits no review")
+    reasons = automation.review_reasons
+    automation.review_required = False
+    automation.review_reasons = []
+    automation.status = AutomationStatus.ACTIVE
+    automation.save(update_fields=["review_required", "review_reasons", "status", "updated_at"])
+    writer.append(
+        trace_id=uuid.uuid4().hex, type="automation.review_activated",
+        summary=f"automation {automation.name} reviewed and activated",
+        workspace_id=automation.workspace_id, actor=writer.actor_for(user), refs={"automation": str(automation.pk)},
+        payload={"version": automation.version, "reasons": reasons},
     )  # fmt: skip
     for hook in automation_saved_hooks:
         hook(automation)

@@ -37,8 +37,11 @@ class AutomationOut(serializers.ModelSerializer):
     class Meta:
         model = Automation
         fields = ["id", "name", "status", "version", "definition", "workspace", "effective_autonomy", "notices",
-                  "created_at", "updated_at", "archived_at"]  # fmt: skip
-        extra_kwargs = {"archived_at": {"help_text": "set when the automation was archived (DELETE)"}}
+                  "review_required", "review_reasons", "created_at", "updated_at", "archived_at"]  # fmt: skip
+        extra_kwargs = {
+            "archived_at": {"help_text": "set when the automation was archived (DELETE)"},
+            "review_required": {"help_text": "an apply raised its risk: paused until an admin activates it"},
+        }
 
     def get_effective_autonomy(self, automation: Automation) -> str:
         return selectors.definition_autonomy(automation.definition, automation.workspace)

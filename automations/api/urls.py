@@ -6,6 +6,9 @@ from . import drafts, views
 
 urlpatterns = [
     path("automations", views.AutomationList.as_view(), name="automation-list"),
+    path("automations/apply", views.AutomationApply.as_view(), name="automation-apply"),
+    path("automations/<uuid:pk>/export", views.AutomationExport.as_view(), name="automation-export"),
+    path("automations/<uuid:pk>/activate", views.AutomationActivate.as_view(), name="automation-activate"),
     path("automations/<uuid:pk>", views.AutomationDetail.as_view(), name="automation-detail"),
     path("automations/<uuid:pk>/versions", views.AutomationVersions.as_view(), name="automation-versions"),
     path("automations/<uuid:pk>/run", views.AutomationRun.as_view(), name="automation-run"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -16,8 +17,8 @@ from config.pagination import RunPagination
 from workspaces.api import require, workspace_for_write
 from workspaces.models import Permission
 
+from .. import as_code, events, selectors, services
 from .. import definition as defs
-from .. import events, selectors, services
 from ..dispatcher import DispatchResult, request_hash
 from ..models import Run
 from .serializers import (
@@ -135,6 +136,75 @@ class AutomationDetail(generics.RetrieveAPIView):
         require(request.user, automation.workspace_id, Permission.OPERATE)
         services.automation_archive(automation=automation, user=request.user)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class AutomationExport(APIView):
+    @extend_schema(
+        responses={200: OpenApiTypes.OBJECT, **errors(404)},
+        summary="The automation as a file of definitions as code: the same JSON object `automations export` writes",
+    )
+    def get(self, request, pk):
+        automation = get_object_or_404(selectors.automations_visible_to(request.user), pk=pk)
+        text = as_code.document_text(as_code.automation_document(automation))
+        return HttpResponse(text.encode(), content_type="application/json")
+
+
+APPLY_MAX_BODY_BYTES = 16 * MAX_BODY_BYTES
+
+
+class AutomationApply(APIView):
+    @extend_schema(
+        request={"application/json": OpenApiTypes.OBJECT},
+        responses={200: OpenApiTypes.OBJECT, **errors(403, 404, 409)},
+        summary="Apply documents (as `automations apply`): "
+        '{"workspace"?, "automations": [...], "dry_run", "prune"?}; answers the plan',
+    )
+    def post(self, request):
+        if len(request.body) > APPLY_MAX_BODY_BYTES:
+            raise ServiceError("PAYLOAD_TOO_LARGE", "request body is too large", 413)
+        body = request.data
+        problems = []
+        if not isinstance(body, dict):
+            raise ServiceError("INVALID_ARGUMENT", "the body must be a JSON object")
+        unknown = sorted(set(body) - {"workspace", "automations", "dry_run", "prune"})
+        problems += [
+            {"path": f"/{key}", "code": "unknown_key", "message": f"unknown key '{key}'"} for key in unknown
+        ]
+        if not isinstance(body.get("automations"), list):
+            problems.append({"path": "/automations", "code": "required", "message": "a list of documents"})
+        for key in ("dry_run", "prune"):
+            if not isinstance(body.get(key, False), bool):
+                problems.append(
+                    {"path": f"/{key}", "code": "invalid_type", "message": f"{key} is true or false"}
+                )
+        workspace_slug = body.get("workspace")
+        if workspace_slug is not None and not isinstance(workspace_slug, str):
+            problems.append({"path": "/workspace", "code": "invalid_type", "message": "a workspace slug"})
+        if problems:
+            raise InvalidArgument(problems)
+        workspace = workspace_for_write(request, workspace_slug, Permission.OPERATE)
+        sources = [
+            as_code.Source(name=f"automations/{i}", document=document)
+            for i, document in enumerate(body["automations"])
+        ]
+        plan = as_code.apply_documents(
+            workspace=workspace, sources=sources, user=request.user,
+            dry_run=body.get("dry_run", False), prune=body.get("prune", False),
+        )  # fmt: skip
+        return Response(plan)
+
+
+class AutomationActivate(APIView):
+    @extend_schema(
+        request=None,
+        responses={200: AutomationOut, **errors(403, 404, 409)},
+        summary="Admins: activate an automation an apply paused for review",
+    )
+    def post(self, request, pk):
+        automation = get_object_or_404(selectors.automations_visible_to(request.user), pk=pk)
+        require(request.user, automation.workspace_id, Permission.ADMINISTER)
+        automation = services.automation_review_activate(automation=automation, user=request.user)
+        return Response(AutomationOut(automation).data)
 
 
 class AutomationVersions(generics.ListAPIView):
