@@ -49,7 +49,7 @@ from audit.redaction import redact
 from capabilities.base import AwaitingApproval, Envelope, ErrorCode, StepFailure
 from config import instruments, logs, tracing
 
-from . import gating, recovery, steps, transient
+from . import gating, recovery, replay, steps, transient
 from .action_context import action_context, cost_meter
 from .agent_tools import ToolGateway
 from .claim import LostClaim, claim, worker_id
@@ -300,7 +300,11 @@ class Executor(RunRecorder):
                 if started:  # however long the handler runs, this worker keeps the run and hears a cancel
                     cancelled = ctx.cancelled if prepared.action.interruptible else None
                     watching.enter_context(StepWatch(str(self.run.pk), self.me, cancelled))
-                envelope = prepared.action.handler(ctx, config)
+                stand_in = replay.current()  # ``automations test``: a recorded output instead of the call
+                if stand_in is not None and stand_in.stands_in(step):
+                    envelope = stand_in.call(step, config)
+                else:
+                    envelope = prepared.action.handler(ctx, config)
         except AwaitingApproval:
             return self._park_mid_step(step_run, step, attempt, redact(config, ctx.secrets), saved.get("state"),
                                        meter, started, now)  # fmt: skip

@@ -14,6 +14,7 @@ urlpatterns = [
     path("automations/<uuid:pk>/run", views.AutomationRun.as_view(), name="automation-run"),
     path("runs", views.RunList.as_view(), name="run-list"),
     path("runs/<uuid:pk>", views.RunDetail.as_view(), name="run-detail"),
+    path("runs/<uuid:pk>/test-case", views.RunTestCase.as_view(), name="run-test-case"),
     path("runs/<uuid:pk>/cancel", views.RunCancel.as_view(), name="run-cancel"),
     path("runs/<uuid:pk>/rerun", views.RunRerun.as_view(), name="run-rerun"),
     path("runs/<uuid:pk>/resolve", views.RunResolve.as_view(), name="run-resolve"),

@@ -17,7 +17,7 @@ from config.pagination import RunPagination
 from workspaces.api import require, workspace_for_write
 from workspaces.models import Permission
 
-from .. import as_code, events, selectors, services
+from .. import as_code, cases, events, selectors, services
 from .. import definition as defs
 from ..dispatcher import DispatchResult, request_hash
 from ..models import Run
@@ -257,6 +257,18 @@ class RunDetail(generics.RetrieveAPIView):
 
     def get_queryset(self):
         return selectors.runs_visible_to(self.request.user).prefetch_related("steps")
+
+
+class RunTestCase(APIView):
+    @extend_schema(
+        responses={200: OpenApiTypes.OBJECT, **errors(404, 409)},
+        summary="A finished run as a test case (as `automations record`), for `automations test`",
+    )
+    def get(self, request, pk):
+        run = get_object_or_404(
+            selectors.runs_visible_to(request.user).select_related("automation__workspace"), pk=pk
+        )
+        return Response(cases.run_test_case(run))
 
 
 class _RunAction(APIView):

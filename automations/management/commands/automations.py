@@ -1,12 +1,16 @@
-"""Definitions as code: ``automations export|apply`` (issue 34; docs/definitions-as-code.md)."""
+"""Definitions as code: ``automations export|apply|record|test`` (issue 34; docs/definitions-as-code.md)."""
 
 from __future__ import annotations
 
+import json
+import time
+import uuid
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from automations import as_code
+from automations import as_code, cases
+from automations.models import Run
 from config.errors import ServiceError
 from workspaces.models import Workspace
 
@@ -53,12 +57,15 @@ class Command(BaseCommand):
         apply.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
         apply.add_argument("--prune", action="store_true", help="archive the automations that have no file")
 
+        record = sub.add_parser("record", help="print a finished run as a test case")
+        record.add_argument("run_id")
+        test = sub.add_parser("test", help="replay test cases through the executor, no network")
+        test.add_argument("path", help="a case file, or a directory of *.json cases")
+        test.add_argument("--junit", metavar="PATH", help="also write a JUnit XML report")
+
     def handle(self, *args, **options) -> None:
         try:
-            if options["subcommand"] == "export":
-                self.export(options)
-            else:
-                self.apply(options)
+            getattr(self, options["subcommand"])(options)
         except ServiceError as exc:
             raise _failure(exc) from exc
 
@@ -94,3 +101,44 @@ class Command(BaseCommand):
             actor="command:automations apply",
         )  # fmt: skip
         self.stdout.write(as_code.plan_text(plan), ending="")
+
+    def record(self, options) -> None:
+        try:
+            run = (
+                Run.objects.select_related("automation__workspace")
+                .filter(pk=uuid.UUID(options["run_id"]))
+                .first()
+            )
+        except ValueError:
+            raise CommandError("not a run id") from None
+        if run is None:
+            raise CommandError("no run with this id")
+        self.stdout.write(json.dumps(cases.run_test_case(run), sort_keys=True, indent=2, ensure_ascii=False))
+
+    def test(self, options) -> None:
+        path = Path(options["path"])
+        files = sorted(path.glob("*.json")) if path.is_dir() else [path]
+        if not files or not all(f.is_file() for f in files):
+            raise CommandError(f"no case file at {path}")
+        results = []
+        started = time.perf_counter()
+        for file in files:
+            try:
+                case = json.loads(file.read_text(encoding="utf-8"))
+            except (ValueError, UnicodeDecodeError) as exc:
+                result = cases.CaseResult(name=file.name, passed=False, problems=[f"not a JSON case: {exc}"])
+            else:
+                result = cases.case_replay(case, name=file.name)
+            results.append(result)
+            self.stdout.write(
+                f"{'PASS' if result.passed else 'FAIL'}  {file.name}  ({result.seconds * 1000:.0f} ms)"
+            )
+            for problem in result.problems:
+                self.stdout.write("    " + problem.replace("\n", "\n    "))
+        if options["junit"]:
+            Path(options["junit"]).write_text(cases.junit_xml(results), encoding="utf-8")
+        failed = sum(not r.passed for r in results)
+        summary = f"{len(results) - failed} passed, {failed} failed in {time.perf_counter() - started:.2f}s"
+        if failed:
+            raise CommandError(summary)
+        self.stdout.write(summary)
