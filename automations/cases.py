@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
+from xml.etree import ElementTree as ET  # noqa: N817 - the usual name
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
@@ -223,8 +224,6 @@ def _compare(result: CaseResult, case: Mapping[str, Any], run: Run, stand_in: re
 
 
 def junit_xml(results: list[CaseResult]) -> str:
-    from xml.etree import ElementTree as ET
-
     failures = sum(not r.passed for r in results)
     suite = ET.Element("testsuite", name="autoplane automations test", tests=str(len(results)),
                        failures=str(failures), time=f"{sum(r.seconds for r in results):.3f}")  # fmt: skip
