@@ -3,25 +3,28 @@
 from __future__ import annotations
 
 import json
+import threading
+from io import StringIO
 from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection, transaction
 
 from audit.models import AuditEvent
+from automations import as_code
 from automations.models import Automation, AutomationStatus, Run, RunStatus
 from automations.services import automation_create
 from capabilities.credentials import credential_create
 from tests.factories import client_for, definition, transform, webhook
 from triggers.models import Trigger
 from triggers.services import trigger_signing_secret_rotate, trigger_token_rotate
+from workspaces.models import Workspace
 
 CREDENTIAL_VALUE = "tok-VERY-SECRET-value-77"
 
 
 def _call(*args: str) -> str:
-    from io import StringIO
-
     out = StringIO()
     call_command("automations", *args, stdout=out)
     return out.getvalue()
@@ -267,3 +270,41 @@ def test_the_api_applies_and_answers_the_plan(workspace, hello, owner, operator,
         .status_code
         == 400
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_applies_one_wins_the_other_sees_a_conflict(tmp_path, workspace):
+    """While one apply holds the workspace (PostgreSQL row lock), another answers 409 at once."""
+    if connection.vendor != "postgresql":
+        pytest.skip(
+            "SQLite serialises writers: the second apply waits for the first, then finds nothing to do"
+        )
+    held, release = threading.Event(), threading.Event()
+
+    def first_apply_in_progress():
+        try:
+            with transaction.atomic():
+                list(Workspace.objects.select_for_update(no_key=True).filter(pk=workspace.pk))
+                held.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=first_apply_in_progress)
+    thread.start()
+    try:
+        assert held.wait(10)
+        source = as_code.Source(name="new.json", document={"definition": definition(name="New One")})
+        with pytest.raises(as_code.ServiceError) as raised:
+            as_code.apply_documents(workspace=workspace, sources=[source])
+        assert raised.value.code == "CONFLICT"
+        assert raised.value.http_status == 409
+        assert not Automation.objects.filter(workspace=workspace).exists()
+        # a dry run takes no lock: it still answers the plan
+        plan = as_code.apply_documents(workspace=workspace, sources=[source], dry_run=True)
+        assert plan["counts"]["create"] == 1
+    finally:
+        release.set()
+        thread.join()
+    plan = as_code.apply_documents(workspace=workspace, sources=[source])
+    assert plan["counts"]["create"] == 1
