@@ -92,6 +92,9 @@ class AutomationForm(forms.ModelForm):
             raise forms.ValidationError("your role in this workspace does not allow editing automations")
         if self.instance.pk and self.instance.archived_at is not None:
             raise forms.ValidationError("this automation is archived: it can be read, not edited")
+        if self.instance.pk and self.instance.review_required and cleaned.get("status") == "active":
+            raise forms.ValidationError({"status": "an apply raised its risk: a workspace admin activates it "
+                                                   "with the action 'Activate after review'"})  # fmt: skip
         if workspace is not None and definition is not None:
             try:
                 services.definition_check(

@@ -35,7 +35,8 @@ pytestmark = pytest.mark.django_db
 HERE = "tests/test_admin_actions.py"
 ACTIONS = {
     "automations.automation": {"run_now": "tests/automations/test_admin_actions.py", "pause": "ditto",
-                               "resume": HERE, "purge": HERE, "delete_selected": HERE},
+                               "resume": HERE, "purge": HERE, "delete_selected": HERE,
+                               "activate_reviewed": "tests/automations/test_as_code.py"},
     "automations.run": {"cancel": "tests/automations/test_admin_actions.py", "rerun": "ditto",
                         "resolve_retry": "ditto", "resolve_failed": "ditto", "resolve_succeeded": HERE},
     "approvals.approval": {"approve_selected": HERE, "deny_selected": HERE},

@@ -8,8 +8,12 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.auth.models import Permission as AuthPermission
 from django.core.management import CommandError, call_command
 from django.db import connection, transaction
+from django.test import Client
+from django.urls import reverse
 
 from audit.models import AuditEvent
 from automations import as_code
@@ -308,3 +312,42 @@ def test_concurrent_applies_one_wins_the_other_sees_a_conflict(tmp_path, workspa
         thread.join()
     plan = as_code.apply_documents(workspace=workspace, sources=[source])
     assert plan["counts"]["create"] == 1
+
+
+def test_the_admin_action_activates_only_for_a_workspace_admin(tmp_path, workspace, hello, owner, operator):
+    _call("export", "--workspace", "acme", str(tmp_path))
+    path = tmp_path / "hello-world.json"
+    document = json.loads(path.read_text())
+    document["definition"]["triggers"].append(
+        {"key": "nightly", "type": "schedule", "config": {"cron": "0 3 * * *"}}
+    )
+    path.write_text(json.dumps(document))
+    _call("apply", str(tmp_path), "--workspace", "acme")
+
+    def admin_client(user):
+        user.is_staff = True
+        user.save(update_fields=["is_staff"])
+        user.user_permissions.add(*AuthPermission.objects.all())
+        client = Client()
+        client.force_login(user)
+        return client
+
+    changelist = reverse("admin:automations_automation_changelist")
+    body = {"action": "activate_reviewed", ACTION_CHECKBOX_NAME: [str(hello.pk)]}
+    page = admin_client(operator).post(changelist, body, follow=True).content.decode()
+    assert "does not allow" in page
+    hello.refresh_from_db()
+    assert (hello.status, hello.review_required) == ("paused", True)
+    # the change form refuses to resume it too
+    change = reverse("admin:automations_automation_change", args=[hello.pk])
+    response = admin_client(operator).post(
+        change, {"definition": json.dumps(hello.definition), "status": "active"}
+    )
+    assert response.status_code == 200
+    assert "Activate after review" in response.content.decode()
+    hello.refresh_from_db()
+    assert hello.status == "paused"
+    page = admin_client(owner).post(changelist, body, follow=True).content.decode()
+    assert "reviewed and activated" in page
+    hello.refresh_from_db()
+    assert (hello.status, hello.review_required) == ("active", False)
