@@ -102,6 +102,8 @@ def test_a_hand_written_case_with_mocked_outputs(drive, people, tmp_path):
     (tmp_path / "ten.json").write_text(json.dumps({**case, "expect": {"status": "failed"}}))
     with pytest.raises(CommandError):
         _call("test", str(tmp_path / "ten.json"))
+    (tmp_path / "ten.json").write_text(json.dumps({**case, "workspace": "elsewhere"}))
+    assert "PASS  ten.json" in _call("test", str(tmp_path / "ten.json"), "--workspace", "acme")
     (tmp_path / "ten.json").write_text(json.dumps({**case, "automation": "nope"}))
     with pytest.raises(CommandError):
         _call("test", str(tmp_path / "ten.json"))

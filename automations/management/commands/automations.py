@@ -62,6 +62,7 @@ class Command(BaseCommand):
         test = sub.add_parser("test", help="replay test cases through the executor, no network")
         test.add_argument("path", help="a case file, or a directory of *.json cases")
         test.add_argument("--junit", metavar="PATH", help="also write a JUnit XML report")
+        test.add_argument("--workspace", help="replay in this workspace, whatever the cases name")
 
     def handle(self, *args, **options) -> None:
         try:
@@ -128,6 +129,8 @@ class Command(BaseCommand):
             except (ValueError, UnicodeDecodeError) as exc:
                 result = cases.CaseResult(name=file.name, passed=False, problems=[f"not a JSON case: {exc}"])
             else:
+                if options["workspace"] and isinstance(case, dict):
+                    case["workspace"] = options["workspace"]
                 result = cases.case_replay(case, name=file.name)
             results.append(result)
             self.stdout.write(
