@@ -199,6 +199,10 @@ def case_replay(case: Any, name: str = "case") -> CaseResult:
     return result
 
 
+def _taken(statuses: Mapping[str, Any]) -> list[str]:
+    return sorted(step_id for step_id, status in statuses.items() if status not in ("skipped", "pending"))
+
+
 def _compare(result: CaseResult, case: Mapping[str, Any], run: Run, stand_in: replay.Replay) -> None:
     expect = case.get("expect") or {}
     if "status" in expect and expect["status"] != run.status:
@@ -217,6 +221,13 @@ def _compare(result: CaseResult, case: Mapping[str, Any], run: Run, stand_in: re
             sent = stand_in.sent.get(step_id, step_run.rendered_config)
             if recorded["config"] != sent:
                 result.fail(f"step '{step_id}' rendered config", recorded["config"], sent)
+    if "recorded_from" in case:  # a recorded case: the run takes the same path, step for step
+        recorded_path = _taken(
+            {k: v.get("status") for k, v in (case.get("steps") or {}).items() if isinstance(v, dict)}
+        )
+        path_now = _taken({step_id: s.status for step_id, s in actual_steps.items()})
+        if recorded_path != path_now:
+            result.fail("the steps taken", recorded_path, path_now)
     asked = [a.step_id for a in Approval.objects.filter(run_id=run.pk).order_by("created_at")]
     expected_asked = [a.get("step_id") for a in case.get("approvals") or [] if isinstance(a, dict)]
     if "approvals" in case and asked != expected_asked:

@@ -107,3 +107,25 @@ def test_a_hand_written_case_with_mocked_outputs(drive, people, tmp_path):
     (tmp_path / "ten.json").write_text(json.dumps({**case, "automation": "nope"}))
     with pytest.raises(CommandError):
         _call("test", str(tmp_path / "ten.json"))
+
+
+def test_a_new_step_changes_the_path_and_a_denial_replays_as_recorded(recorded, people, tmp_path):
+    automation, run, case_file = recorded
+    changed = json.loads(json.dumps(automation.definition))
+    changed["plan"].insert(1, transform("extra", {"n": 1}))
+    automation = automation_update(automation=automation, user=people.owner, definition=changed)
+    out = StringIO()
+    with pytest.raises(CommandError):
+        call_command("automations", "test", str(case_file), stdout=out)
+    assert "the steps taken differs" in out.getvalue()
+    assert '+  "extra",' in out.getvalue()
+    # a hand-written case: the approval denied, the run fails at that step
+    del changed["plan"][1]
+    automation_update(automation=automation, user=people.owner, definition=changed)
+    case = json.loads(case_file.read_text())
+    case.pop("recorded_from")
+    case["approvals"] = [{"step_id": "create_item", "status": "denied"}]
+    case["steps"].pop("create_item")
+    case["expect"] = {"status": "failed"}
+    (tmp_path / "denied.json").write_text(json.dumps(case))
+    assert "PASS  denied.json" in _call("test", str(tmp_path / "denied.json"))
