@@ -52,7 +52,7 @@ _SECRET_KEYS = re.compile(r"(?i)^(authorization|proxy-authorization|password|pas
 
 
 def automation_slug(name: Any) -> str:
-    return slugify(str(name)) or "automation"
+    return slugify(str(name), allow_unicode=True) or "automation"
 
 
 # --- the document ----------------------------------------------------------------------------

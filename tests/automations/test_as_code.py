@@ -351,3 +351,26 @@ def test_the_admin_action_activates_only_for_a_workspace_admin(tmp_path, workspa
     assert "reviewed and activated" in page
     hello.refresh_from_db()
     assert (hello.status, hello.review_required) == ("active", False)
+
+
+@pytest.mark.parametrize(
+    ("body", "path"),
+    [
+        ({"automations": [1]}, "/"),
+        ({"automations": [{"definition": {}, "extra": 1}]}, "/extra"),
+        ({"automations": [{"definition": definition(name="A"), "status": "running"}]}, "/status"),
+        ({"automations": [{"definition": definition(name="A"), "slug": "b"}]}, "/slug"),
+        ({"automations": [], "prune": "yes"}, None),
+        ({"automations": [], "surprise": True}, None),
+    ],
+)
+def test_hostile_apply_bodies_get_400_and_change_nothing(workspace, operator, body, path):
+    client = client_for(operator)
+    before = AuditEvent.objects.count()
+    response = client.post("/api/v1/automations/apply", body, format="json")
+    assert response.status_code == 400
+    errors = response.json()["errors"]
+    if path is not None:
+        assert [(e["file"], e["path"] or "/") for e in errors][:1] == [("automations/0", path)]
+    assert not Automation.objects.filter(workspace=workspace).exists()
+    assert AuditEvent.objects.count() == before
