@@ -74,6 +74,9 @@ class GateRequest:
     principal_ids: tuple[int, ...] = ()
     # An explicit human checkpoint (require_approval): standing approvals never cover it.
     always_asks_human: bool = False
+    # Why a workspace policy makes this step ask (a rule, a credential that always asks, quiet
+    # hours): shown to the approver; standing approvals never cover it either.
+    asked_because: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ class Verdict:
 
 def check_step(request: GateRequest) -> Verdict:
     now = timezone.now()
-    if not request.always_asks_human:
+    if not request.always_asks_human and not request.asked_because:
         verdict = _use_standing(request, now)
         if verdict is not None:
             return verdict
@@ -249,6 +252,8 @@ def why_text(request: GateRequest) -> str:
         )
     if request.reasons:
         text += " (risk raised: " + "; ".join(request.reasons) + ")"
+    if request.asked_because:
+        text += "; asks because of " + "; ".join(request.asked_because)
     return text
 
 
@@ -264,7 +269,7 @@ def _create(request: GateRequest, now: datetime) -> Verdict:
         action=request.action,
         capability_id=request.capability_id,
         risk=request.risk,
-        reasons=list(request.reasons),
+        reasons=[*request.reasons, *request.asked_because],
         what=redact(request.what, secrets),
         why=why_text(request),
         message=redact(request.message, secrets),

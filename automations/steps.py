@@ -56,6 +56,7 @@ class PreparedStep:
         autonomy: str,
         last_editor_id: int | None,
         step_key: str | None = None,
+        asked_because: tuple[str, ...] = (),
     ) -> GateRequest:
         """What an approver decides on: this exact rendered step (or agent tool call) of this run."""
         step_key = step_key or f"{step_run.phase}:{step_run.index}:{self.step_id}"
@@ -78,6 +79,7 @@ class PreparedStep:
             last_editor_id=last_editor_id,
             principal_ids=tuple(run.principal_ids or ()),
             always_asks_human=self.action.always_asks_human,
+            asked_because=asked_because,
             extra={"autonomy": autonomy},
             approvals_required=int(
                 self.step.get("approvals_required", self.config.get("approvals_required", 1)) or 1

@@ -8,7 +8,8 @@ from ..models import Autonomy, Membership, Role, Workspace
 class WorkspaceOut(serializers.ModelSerializer):
     class Meta:
         model = Workspace
-        fields = ["slug", "name", "four_eyes", "egress_allowlist", "default_autonomy", "created_at"]
+        fields = ["slug", "name", "four_eyes", "egress_allowlist", "default_autonomy", "policies", "quiet_hours",
+                  "created_at"]  # fmt: skip
 
 
 class WorkspaceListOut(serializers.ModelSerializer):
@@ -31,6 +32,13 @@ class WorkspacePatch(serializers.Serializer):
     default_autonomy = serializers.ChoiceField(
         choices=Autonomy.values, required=False,
         help_text="the gate row of automations here whose definition sets no execution.autonomy",
+    )  # fmt: skip
+    policies = serializers.JSONField(
+        required=False, help_text="ordered argument rules {when, then: auto|ask|block, reason}; first match wins",
+    )  # fmt: skip
+    quiet_hours = serializers.JSONField(
+        required=False, allow_null=True,
+        help_text='{"start": "HH:MM", "end": "HH:MM", "timezone": "Area/City"}, or null for none',
     )  # fmt: skip
 
 

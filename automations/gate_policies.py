@@ -1,0 +1,115 @@
+"""What a workspace's policies add to the gate of one prepared step (issue 29).
+
+Three things can make a step ask a human, or block it, whatever the autonomy x risk matrix says:
+
+* **argument policies**: the workspace's ``policies`` and the step's own ``policy``
+  (expressions/policy_rules.py), evaluated over the rendered config at each run; each rule that
+  matches is audited as ``policy.matched``;
+* a **credential that always asks** (``approval_always``) named by the step's config;
+* **quiet hours**: a step of medium or higher risk inside the workspace's window.
+
+They can only tighten the gate: :func:`assess` says ``BLOCK``, ``CONFIRM`` or nothing, and
+``gating.decision_for`` takes the stricter of that and the matrix. A step that no policy touches
+costs two dictionary reads and a comparison: the workspace's rules arrive with the run's claim,
+compiled filters are cached by the rules' JSON, and the credential table is read only for steps
+that name a credential.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+
+from approvals import policy
+from audit import writer
+from audit.models import Outcome
+from capabilities.models import Credential
+
+from .expressions import policy_rules
+from .models import Run
+from .steps import PreparedStep
+
+
+@dataclass(frozen=True)
+class PolicyVerdict:
+    decision: policy.Decision | None = None  # BLOCK or CONFIRM; None: the matrix alone decides
+    reasons: tuple[str, ...] = ()  # why: shown to the approver, or in the refusal
+
+
+NOTHING = PolicyVerdict()
+
+
+def credential_names(config: Any) -> list[str]:
+    """The credentials a rendered config names (``credential``, ``credentials``)."""
+    if not isinstance(config, dict):
+        return []
+    names = [config["credential"]] if isinstance(config.get("credential"), str) else []
+    listed = config.get("credentials")
+    if isinstance(listed, list):
+        names += [name for name in listed if isinstance(name, str)]
+    return names
+
+
+def assess(run: Run, prepared: PreparedStep, *, now: datetime | None = None) -> PolicyVerdict:
+    workspace = run.workspace
+    workspace_rules = workspace.policies
+    step_rules = prepared.step.get("policy")
+    quiet = workspace.quiet_hours
+    names = credential_names(prepared.config)
+    if not (workspace_rules or step_rules or quiet or names):
+        return NOTHING
+    asks: list[str] = []
+    if workspace_rules or step_rules:
+        verdict = _rules(run, prepared, workspace_rules or [], step_rules or [])
+        if verdict.decision == policy.Decision.BLOCK:
+            return verdict
+        asks += verdict.reasons
+    if names:
+        always = Credential.objects.filter(
+            workspace_id=run.workspace_id, name__in=names, approval_always=True
+        )
+        asks += [f"credential {name} always asks" for name in sorted(always.values_list("name", flat=True))]
+    if (
+        quiet
+        and prepared.risk >= policy.QUIET_HOURS_MIN_RISK
+        and policy.in_quiet_hours(quiet, now or timezone.now())
+    ):
+        asks.append(policy.quiet_hours_text(quiet))
+    return PolicyVerdict(policy.Decision.CONFIRM, tuple(asks)) if asks else NOTHING
+
+
+def _rules(
+    run: Run, prepared: PreparedStep, workspace_rules: Sequence[Any], step_rules: Sequence[Any]
+) -> PolicyVerdict:
+    config = prepared.config
+    found = policy_rules.first_match(policy_rules.compiled(list(workspace_rules)), config, "workspace")
+    own = policy_rules.first_match(policy_rules.compiled(list(step_rules)), config, "step")
+    decides = policy_rules.deciding(found, own)
+    for match in (found, own):
+        if match is not None:
+            _audit(run, prepared, match, applied=match is decides)
+    if decides is None or decides.then == "auto":
+        return NOTHING
+    where = "workspace policy" if decides.source == "workspace" else "step policy"
+    reason = f"{where} rule {decides.index + 1}: {decides.reason}"
+    if decides.over_budget:
+        reason += " (the rule took too long to evaluate, so it counts as matched)"
+    decision = policy.Decision.BLOCK if decides.then == "block" else policy.Decision.CONFIRM
+    return PolicyVerdict(decision, (reason,))
+
+
+def _audit(run: Run, prepared: PreparedStep, match: policy_rules.Match, *, applied: bool) -> None:
+    step_id = prepared.step_id
+    outcome = Outcome.FAILURE if match.then == "block" and applied else Outcome.INFO
+    writer.append(
+        trace_id=run.trace_id, type="policy.matched", workspace_id=run.workspace_id, stage="gate",
+        summary=f"{step_id}: {match.source} policy rule {match.index + 1} matched ({match.then}): {match.reason}",
+        outcome=outcome, actor="system:policies",
+        refs={"run": str(run.pk), "automation": str(run.automation_id), "step": step_id},
+        payload={"source": match.source, "rule": match.index, "then": match.then, "reason": match.reason,
+                 "applied": applied, "over_budget": match.over_budget},
+    )  # fmt: skip
