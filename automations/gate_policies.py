@@ -43,6 +43,11 @@ class PolicyVerdict:
 NOTHING = PolicyVerdict()
 
 
+def current_time() -> datetime:
+    """The clock quiet hours are read on (tests put a fixed time here)."""
+    return timezone.now()
+
+
 def credential_names(config: Any) -> list[str]:
     """The credentials a rendered config names (``credential``, ``credentials``)."""
     if not isinstance(config, dict):
@@ -76,7 +81,7 @@ def assess(run: Run, prepared: PreparedStep, *, now: datetime | None = None) -> 
     if (
         quiet
         and prepared.risk >= policy.QUIET_HOURS_MIN_RISK
-        and policy.in_quiet_hours(quiet, now or timezone.now())
+        and policy.in_quiet_hours(quiet, now or current_time())
     ):
         asks.append(policy.quiet_hours_text(quiet))
     return PolicyVerdict(policy.Decision.CONFIRM, tuple(asks)) if asks else NOTHING
