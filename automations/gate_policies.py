@@ -48,6 +48,11 @@ def current_time() -> datetime:
     return timezone.now()
 
 
+def quiet_hours_holding(window: Any, now: datetime) -> str:
+    """The window's text ("quiet hours (22:00-07:00 Europe/Berlin)") while it holds at ``now``, else ""."""
+    return policy.quiet_hours_text(window) if window and policy.in_quiet_hours(window, now) else ""
+
+
 def credential_names(config: Any) -> list[str]:
     """The credentials a rendered config names (``credential``, ``credentials``)."""
     if not isinstance(config, dict):
@@ -78,12 +83,9 @@ def assess(run: Run, prepared: PreparedStep, *, now: datetime | None = None) -> 
             workspace_id=run.workspace_id, name__in=names, approval_always=True
         )
         asks += [f"credential {name} always asks" for name in sorted(always.values_list("name", flat=True))]
-    if (
-        quiet
-        and prepared.risk >= policy.QUIET_HOURS_MIN_RISK
-        and policy.in_quiet_hours(quiet, now or current_time())
-    ):
-        asks.append(policy.quiet_hours_text(quiet))
+    holding = quiet_hours_holding(quiet, now or current_time()) if quiet else ""
+    if holding and prepared.risk >= policy.QUIET_HOURS_MIN_RISK:
+        asks.append(holding)
     return PolicyVerdict(policy.Decision.CONFIRM, tuple(asks)) if asks else NOTHING
 
 

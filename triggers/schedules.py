@@ -59,10 +59,10 @@ from django.db import transaction
 from django.utils import timezone
 from django_celery_beat.models import CrontabSchedule, PeriodicTask
 
-from approvals import policy
 from audit import writer
 from audit.models import Outcome
 from automations.dispatcher import Dedupe, DispatchError, DispatchRequest, dispatch
+from automations.gate_policies import quiet_hours_holding
 from automations.models import Automation, AutomationStatus
 from config.celery import QUEUE_DEFAULT
 from workspaces.models import Workspace
@@ -238,8 +238,7 @@ class _Firing:
                     .values_list("quiet_hours", flat=True)
                     .first()
                 )
-                if window and policy.in_quiet_hours(window, self.now):
-                    self._quiet = policy.quiet_hours_text(window)
+                self._quiet = quiet_hours_holding(window, self.now)
         return self._quiet
 
     def refs(self) -> dict[str, str]:
