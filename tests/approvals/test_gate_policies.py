@@ -228,3 +228,27 @@ def test_inside_quiet_hours_a_medium_risk_step_asks_and_a_low_risk_one_runs(driv
     assert day_write.status == RunStatus.SUCCEEDED
     assert target.count(write) == 1
     assert target.count(read) == 1
+
+
+def test_the_claim_brings_the_rules_so_a_step_no_rule_matches_costs_no_query(
+    drive, workspace, owner, target, path_for, django_assert_num_queries
+):
+    from django.db import transaction
+
+    from automations import claim, gate_policies, steps
+    from automations.services import run_create
+
+    workspace_update(workspace=workspace, user=owner, policies=REFUNDS,
+                     quiet_hours={"start": "22:00", "end": "07:00", "timezone": "Europe/Berlin"})  # fmt: skip
+    automation = drive.automation(definition(http_step("fetch", target.url(path_for("cost")))))
+    run = run_create(automation=automation, inputs={}, user=owner).run
+    with transaction.atomic():
+        claimed = claim.claim(str(run.pk), "host:1")
+    assert claimed is not None
+    prepared = steps.prepare(claimed, claimed.snapshot["plan"][0], 1)
+
+    with django_assert_num_queries(0):
+        verdict = gate_policies.assess(claimed, prepared, now=datetime(2026, 1, 15, 23, 0, tzinfo=UTC))
+
+    assert verdict.decision is None  # a low-risk GET at midnight, no amount in its config
+    assert claimed.workspace.policies == REFUNDS
