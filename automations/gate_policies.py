@@ -27,6 +27,7 @@ from django.utils import timezone
 from approvals import policy
 from audit import writer
 from audit.models import Outcome
+from capabilities.base import Risk
 from capabilities.models import Credential
 
 from .expressions import policy_rules
@@ -65,16 +66,26 @@ def credential_names(config: Any) -> list[str]:
 
 
 def assess(run: Run, prepared: PreparedStep, *, now: datetime | None = None) -> PolicyVerdict:
+    """The policies' word on a prepared step: its rendered config, its risk, its own ``policy``."""
+    return evaluate(
+        run, prepared.step_id, prepared.config, prepared.risk, prepared.step.get("policy"), now=now
+    )
+
+
+def evaluate(run: Run, step_id: str, config: Any, risk: Risk, step_rules: Any = None, *,
+             now: datetime | None = None, subject: str = "") -> PolicyVerdict:  # fmt: skip
+    """The policies' word on ``config`` of risk ``risk``: a step's rendered config, or an agent tool
+    call's own arguments (``subject``: the tool's id; the agent step's own ``policy`` is about the
+    step's config, so it is not applied to them)."""
     workspace = run.workspace
     workspace_rules = workspace.policies
-    step_rules = prepared.step.get("policy")
     quiet = workspace.quiet_hours
-    names = credential_names(prepared.config)
+    names = credential_names(config)
     if not (workspace_rules or step_rules or quiet or names):
         return NOTHING
     asks: list[str] = []
     if workspace_rules or step_rules:
-        verdict = _rules(run, prepared, workspace_rules or [], step_rules or [])
+        verdict = _rules(run, step_id, config, workspace_rules or [], step_rules or [], subject)
         if verdict.decision == policy.Decision.BLOCK:
             return verdict
         asks += verdict.reasons
@@ -84,21 +95,19 @@ def assess(run: Run, prepared: PreparedStep, *, now: datetime | None = None) -> 
         )
         asks += [f"credential {name} always asks" for name in sorted(always.values_list("name", flat=True))]
     holding = quiet_hours_holding(quiet, now or current_time()) if quiet else ""
-    if holding and prepared.risk >= policy.QUIET_HOURS_MIN_RISK:
+    if holding and risk >= policy.QUIET_HOURS_MIN_RISK:
         asks.append(holding)
     return PolicyVerdict(policy.Decision.CONFIRM, tuple(asks)) if asks else NOTHING
 
 
-def _rules(
-    run: Run, prepared: PreparedStep, workspace_rules: Sequence[Any], step_rules: Sequence[Any]
-) -> PolicyVerdict:
-    config = prepared.config
+def _rules(run: Run, step_id: str, config: Any, workspace_rules: Sequence[Any], step_rules: Sequence[Any],
+           subject: str) -> PolicyVerdict:  # fmt: skip
     found = policy_rules.first_match(policy_rules.compiled(list(workspace_rules)), config, "workspace")
     own = policy_rules.first_match(policy_rules.compiled(list(step_rules)), config, "step")
     decides = policy_rules.deciding(found, own)
     for match in (found, own):
         if match is not None:
-            _audit(run, prepared, match, applied=match is decides)
+            _audit(run, step_id, subject, match, applied=match is decides)
     if decides is None or decides.then == "auto":
         return NOTHING
     where = "workspace policy" if decides.source == "workspace" else "step policy"
@@ -109,14 +118,14 @@ def _rules(
     return PolicyVerdict(decision, (reason,))
 
 
-def _audit(run: Run, prepared: PreparedStep, match: policy_rules.Match, *, applied: bool) -> None:
-    step_id = prepared.step_id
+def _audit(run: Run, step_id: str, subject: str, match: policy_rules.Match, *, applied: bool) -> None:
     outcome = Outcome.FAILURE if match.then == "block" and applied else Outcome.INFO
     writer.append(
         trace_id=run.trace_id, type="policy.matched", workspace_id=run.workspace_id, stage="gate",
-        summary=f"{step_id}: {match.source} policy rule {match.index + 1} matched ({match.then}): {match.reason}",
+        summary=f"{step_id}{f' tool {subject[:100]}' if subject else ''}: {match.source} policy rule "
+                f"{match.index + 1} matched ({match.then}): {match.reason}",
         outcome=outcome, actor="system:policies",
         refs={"run": str(run.pk), "automation": str(run.automation_id), "step": step_id},
         payload={"source": match.source, "rule": match.index, "then": match.then, "reason": match.reason,
-                 "applied": applied, "over_budget": match.over_budget},
+                 "applied": applied, "over_budget": match.over_budget, **({"tool": subject[:200]} if subject else {})},
     )  # fmt: skip

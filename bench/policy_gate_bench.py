@@ -27,7 +27,9 @@ REPEATS = 5
 def twenty_rules() -> list[dict]:
     rules: list[dict] = []
     for i in range(5):
-        rules.append({"when": {"path": "json.amount", "gt": 10_000 + i}, "then": "block", "reason": f"cap {i}"})
+        rules.append(
+            {"when": {"path": "json.amount", "gt": 10_000 + i}, "then": "block", "reason": f"cap {i}"}
+        )
         rules.append({"when": {"path": "json.currency", "in": ["XBT", "XAU", f"X{i}"]}, "then": "ask",
                       "reason": f"odd currency {i}"})  # fmt: skip
         rules.append({"when": {"$and": [{"path": "method", "equals": "DELETE"},
@@ -55,7 +57,9 @@ def main(iterations: int = ITERATIONS) -> dict[str, float]:
     capability = action.describe(config)
     risk, reasons = policy.step_risk(capability, action.risk_inputs(config))
     step = {"step_id": "refund", "action": "http_request", "config": config}
-    prepared = PreparedStep(step=step, action=action, config=config, capability=capability, risk=risk, reasons=reasons)
+    prepared = PreparedStep(
+        step=step, action=action, config=config, capability=capability, risk=risk, reasons=reasons
+    )
 
     def run_with(rules: list[dict]) -> Run:
         run = Run(workspace_id=1, trace_id="bench")
@@ -74,7 +78,11 @@ def main(iterations: int = ITERATIONS) -> dict[str, float]:
 
         return once
 
-    cases = {"matrix only (before)": before, "0 policies": with_policies(none), "20 policies": with_policies(twenty)}
+    cases = {
+        "matrix only (before)": before,
+        "0 policies": with_policies(none),
+        "20 policies": with_policies(twenty),
+    }
     del bare
     results: dict[str, float] = {}
     for name, call in cases.items():
@@ -85,8 +93,10 @@ def main(iterations: int = ITERATIONS) -> dict[str, float]:
                 call()
             samples.append((time.thread_time() - start) / iterations * 1e6)
         results[name] = statistics.median(samples)
-        print(f"{name:>22}: {results[name]:8.2f} us thread CPU per gated step "  # noqa: T201
-              f"(median of {REPEATS} x {iterations}; min {min(samples):.2f})")
+        print(
+            f"{name:>22}: {results[name]:8.2f} us thread CPU per gated step "  # noqa: T201
+            f"(median of {REPEATS} x {iterations}; min {min(samples):.2f})"
+        )
     return results
 
 
