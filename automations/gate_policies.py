@@ -17,6 +17,7 @@ that name a credential.
 
 from __future__ import annotations
 
+import zoneinfo
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -50,8 +51,16 @@ def current_time() -> datetime:
 
 
 def quiet_hours_holding(window: Any, now: datetime) -> str:
-    """The window's text ("quiet hours (22:00-07:00 Europe/Berlin)") while it holds at ``now``, else ""."""
-    return policy.quiet_hours_text(window) if window and policy.in_quiet_hours(window, now) else ""
+    """The window's text ("quiet hours (22:00-07:00 Europe/Berlin)") while it holds at ``now``, else "".
+
+    A window is checked when saved; one written around the API that cannot be read counts as
+    holding (fail closed: a step asks, a skipping schedule skips)."""
+    if not window:
+        return ""
+    try:
+        return policy.quiet_hours_text(window) if policy.in_quiet_hours(window, now) else ""
+    except (KeyError, TypeError, ValueError, AttributeError, zoneinfo.ZoneInfoNotFoundError):
+        return "quiet hours (the workspace's setting cannot be read, so it counts as quiet)"
 
 
 def credential_names(config: Any) -> list[str]:

@@ -35,7 +35,7 @@ _KEYS = frozenset({"when", "then", "reason"})
 @dataclass(frozen=True)
 class Rule:
     index: int
-    when: CompiledFilter
+    when: CompiledFilter | None  # None: the stored rule is invalid, and it always matches
     then: str
     reason: str
 
@@ -113,6 +113,13 @@ def compiled(rules: list[Any]) -> tuple[Rule, ...]:
 def _compiled(text: str) -> tuple[Rule, ...]:
     out = []
     for i, rule in enumerate(json.loads(text)):
+        if rule_issues([rule], "/rule"):
+            # Checked when saved, so only a rule written around the API (or one an older grammar
+            # accepted) gets here: it fails closed, blocking until an admin fixes it.
+            out.append(
+                Rule(i, None, "block", f"rule {i + 1} is invalid and blocks every step until it is fixed")
+            )
+            continue
         reason = rule.get("reason") or f"rule {i + 1}"
         out.append(Rule(i, compile_filter(rule["when"]), rule["then"], reason))
     return tuple(out)
@@ -123,7 +130,7 @@ def first_match(rules: tuple[Rule, ...], config: Any, source: str) -> Match | No
     budget counts as matched and asks at least (fails closed, never open)."""
     for rule in rules:
         try:
-            if rule.when.matches(config):
+            if rule.when is None or rule.when.matches(config):
                 return Match(source, rule.index, rule.then, rule.reason)
         except FilterBudgetExceeded:
             return Match(source, rule.index, stricter_of(rule.then, "ask"), rule.reason, over_budget=True)

@@ -98,3 +98,14 @@ def test_a_bad_setting_is_a_400_naming_the_field(value, path):
         quiet_hours_check(value)
     assert caught.value.http_status == 400
     assert path in [error["path"] for error in caught.value.errors]
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [{"start": "22:00", "end": "07:00", "timezone": "Nowhere/Land"}, {"start": "late", "end": "07:00", "timezone": "UTC"},
+     {"start": "22:00"}, ["22:00", "07:00"]],
+)  # fmt: skip
+def test_a_stored_window_that_cannot_be_read_counts_as_quiet(stored):
+    from automations.gate_policies import quiet_hours_holding
+
+    assert "quiet hours" in quiet_hours_holding(stored, utc(2026, 1, 15, 12, 0))

@@ -138,3 +138,16 @@ def test_the_path_of_a_bad_rule_reads_as_people_write_it():
 def test_valid_rules_have_no_issues():
     assert rule_issues(REFUNDS, "/policies") == []
     assert rule_issues([], "/policies") == []
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [{"when": {"path": "a", "between": [1, 2]}, "then": "auto"}, {"when": {"path": "a", "gt": 1}, "then": "allow"},
+     "not a rule"],
+)  # fmt: skip
+def test_a_stored_rule_that_is_invalid_fails_closed(stored):
+    """Rules are checked when saved; one written around the API blocks rather than lets through."""
+    match = first_match(compiled([stored, REFUNDS[0]]), refund(10), "workspace")
+
+    assert (match.index, match.then) == (0, "block")
+    assert "invalid" in match.reason
