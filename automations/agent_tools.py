@@ -68,7 +68,8 @@ class ToolGateway:
         capability = _describe(tool, args)
         risk, reasons = steps.risk_for(registry.get_action(tool_id), args, capability)
         # The workspace's policies see the tool's own arguments, as they see a step's config.
-        forced = gate_policies.evaluate(self.run, self.step["step_id"], dict(args), risk, subject=tool_id)
+        forced = gate_policies.evaluate(self.run, self.step["step_id"], dict(args), risk, subject=tool_id,
+                                        capability_id=capability.id)  # fmt: skip
         decision = policy.Decision.PREVIEW if self.autonomy == "A0" else policy.gate(self.autonomy, risk)
         if forced.decision == policy.Decision.BLOCK:
             decision = policy.Decision.BLOCK

@@ -5,14 +5,15 @@ Three things can make a step ask a human, or block it, whatever the autonomy x r
 * **argument policies**: the workspace's ``policies`` and the step's own ``policy``
   (expressions/policy_rules.py), evaluated over the rendered config at each run; each rule that
   matches is audited as ``policy.matched``;
-* a **credential that always asks** (``approval_always``) named by the step's config;
+* a **credential that always asks** (``approval_always``) named by the step's config, or the
+  credential of the MCP server whose tool the step (or an agent) calls;
 * **quiet hours**: a step of medium or higher risk inside the workspace's window.
 
 They can only tighten the gate: :func:`assess` says ``BLOCK``, ``CONFIRM`` or nothing, and
 ``gating.decision_for`` takes the stricter of that and the matrix. A step that no policy touches
 costs two dictionary reads and a comparison: the workspace's rules arrive with the run's claim,
 compiled filters are cached by the rules' JSON, and the credential table is read only for steps
-that name a credential.
+that name a credential or call an MCP server's tool.
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db.models import Q
 from django.utils import timezone
 
 from approvals import policy
 from audit import writer
 from audit.models import Outcome
+from capabilities import registry
 from capabilities.base import Risk
 from capabilities.models import Credential
 
@@ -74,15 +77,22 @@ def credential_names(config: Any) -> list[str]:
     return names
 
 
+def mcp_server_slug(capability_id: str) -> str:
+    """The MCP server a capability comes from ("files" for "files.delete_note"), "" for a native one:
+    a step that calls a server's tool uses that server's credential."""
+    if "." not in capability_id or registry.get_native_capability(capability_id) is not None:
+        return ""
+    return capability_id.split(".", 1)[0]
+
+
 def assess(run: Run, prepared: PreparedStep, *, now: datetime | None = None) -> PolicyVerdict:
     """The policies' word on a prepared step: its rendered config, its risk, its own ``policy``."""
-    return evaluate(
-        run, prepared.step_id, prepared.config, prepared.risk, prepared.step.get("policy"), now=now
-    )
+    return evaluate(run, prepared.step_id, prepared.config, prepared.risk, prepared.step.get("policy"), now=now,
+                    capability_id=prepared.capability.id)  # fmt: skip
 
 
 def evaluate(run: Run, step_id: str, config: Any, risk: Risk, step_rules: Any = None, *,
-             now: datetime | None = None, subject: str = "") -> PolicyVerdict:  # fmt: skip
+             now: datetime | None = None, subject: str = "", capability_id: str = "") -> PolicyVerdict:  # fmt: skip
     """The policies' word on ``config`` of risk ``risk``: a step's rendered config, or an agent tool
     call's own arguments (``subject``: the tool's id; the agent step's own ``policy`` is about the
     step's config, so it is not applied to them)."""
@@ -90,7 +100,8 @@ def evaluate(run: Run, step_id: str, config: Any, risk: Risk, step_rules: Any = 
     workspace_rules = workspace.policies
     quiet = workspace.quiet_hours
     names = credential_names(config)
-    if not (workspace_rules or step_rules or quiet or names):
+    server = mcp_server_slug(capability_id) if capability_id else ""
+    if not (workspace_rules or step_rules or quiet or names or server):
         return NOTHING
     asks: list[str] = []
     if workspace_rules or step_rules:
@@ -98,11 +109,14 @@ def evaluate(run: Run, step_id: str, config: Any, risk: Risk, step_rules: Any = 
         if verdict.decision == policy.Decision.BLOCK:
             return verdict
         asks += verdict.reasons
-    if names:
-        always = Credential.objects.filter(
-            workspace_id=run.workspace_id, name__in=names, approval_always=True
-        )
-        asks += [f"credential {name} always asks" for name in sorted(always.values_list("name", flat=True))]
+    if names or server:
+        used = Q(name__in=names)
+        if server:  # the server's credential goes with every call of its tools
+            used |= Q(mcp_servers__slug=server, mcp_servers__workspace_id=run.workspace_id)
+        always = Credential.objects.filter(used, workspace_id=run.workspace_id, approval_always=True)
+        asks += [
+            f"credential {name} always asks" for name in sorted(set(always.values_list("name", flat=True)))
+        ]
     holding = quiet_hours_holding(quiet, now or current_time()) if quiet else ""
     if holding and risk >= policy.QUIET_HOURS_MIN_RISK:
         asks.append(holding)

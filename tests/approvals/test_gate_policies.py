@@ -252,3 +252,21 @@ def test_the_claim_brings_the_rules_so_a_step_no_rule_matches_costs_no_query(
 
     assert verdict.decision is None  # a low-risk GET at midnight, no amount in its config
     assert claimed.workspace.policies == REFUNDS
+
+
+def test_a_tool_of_an_mcp_server_whose_credential_always_asks_asks(drive, workspace, mcp_http, tmp_path):
+    from capabilities import mcp
+
+    token = credentials.credential_create(workspace=workspace, name="files-token", kind="bearer",
+                                          secret={"token": "t-abcdef123456"}, approval_always=True)  # fmt: skip
+    mcp.mcp_harvest(mcp.mcp_server_create(workspace=workspace, slug="files", transport="http", url=mcp_http.url,
+                                          credential=token))  # fmt: skip
+    document = tmp_path / "doc.txt"
+    document.write_text("hello")
+    read = {"step_id": "read", "action": "call_capability",
+            "config": {"capability": "files.read_file", "args": {"path": str(document)}}}  # fmt: skip
+
+    run = drive.start(drive.automation(definition(read, autonomy="A4")))  # a read-only tool at A4
+
+    assert run.status == RunStatus.AWAITING_APPROVAL
+    assert "credential files-token always asks" in drive.approval(run).why
