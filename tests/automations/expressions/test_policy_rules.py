@@ -12,7 +12,12 @@ from automations.expressions.policy_rules import Match, compiled, deciding, firs
 REFUNDS = [
     {"when": {"path": "json.amount", "lte": 50}, "then": "auto", "reason": "small refunds run"},
     {"when": {"path": "json.amount", "lte": 500}, "then": "ask", "reason": "refunds up to 500 ask"},
-    {"when": {"path": "json.amount", "gt": 500}, "then": "block", "reason": "refunds over 500 are blocked"},
+    # Not "gt 500": an amount that is over 500 *or not a number at all* ("900" as text) is blocked.
+    {
+        "when": {"path": "json.amount", "exists": True},
+        "then": "block",
+        "reason": "refunds over 500 are blocked",
+    },
 ]
 
 
@@ -38,8 +43,10 @@ def test_the_refund_example_runs_up_to_50_asks_up_to_500_and_blocks_above(amount
     assert (match.then, match.index) == (then, rule)
 
 
-def test_a_refund_amount_that_is_not_a_number_matches_no_range():
-    assert first_match(compiled(REFUNDS), refund("9999"), "workspace") is None  # "9999" is text, not a number
+@pytest.mark.parametrize("amount", ["9999", "10", None, [1], {"value": 10}, True])
+def test_a_refund_amount_that_is_not_a_number_is_blocked_by_the_last_rule(amount):
+    match = first_match(compiled(REFUNDS), refund(amount), "workspace")
+    assert (match.index, match.then) == (2, "block")  # no range matches text: the catch-all blocks it
 
 
 def test_a_string_allowlist_is_expressible():
