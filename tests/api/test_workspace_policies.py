@@ -67,6 +67,8 @@ def test_an_operator_cannot_change_the_policies_or_quiet_hours(api, workspace, o
         ({"policies": [{"when": {"path": "a", "regex": "(?=x)"}, "then": "ask"}]}, "/policies/0/when/regex"),
         ({"policies": {"when": {}}}, "/policies"),
         ({"policies": "block everything"}, "/policies"),
+        ({"policies": None}, "/policies"),
+        ({"policies": [{"when": {"path": "a", "gt": 1}, "then": "ask"}] * 101}, "/policies"),
         ({"quiet_hours": {"start": "22:00", "end": "07:00", "timezone": "Berlin"}}, "/quiet_hours/timezone"),
         ({"quiet_hours": {"start": "10pm", "end": "07:00", "timezone": "UTC"}}, "/quiet_hours/start"),
         ({"policies": RULES, "quiet_hours": {"start": "22:00", "end": "07:00", "timezone": 3}},
