@@ -43,10 +43,9 @@ def twenty_rules() -> list[dict]:
 def main(iterations: int = ITERATIONS) -> dict[str, float]:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     django.setup()
-    from approvals import policy
     from automations import gate_policies, gating
     from automations.models import Run
-    from automations.steps import PreparedStep
+    from automations.steps import PreparedStep, risk_for
     from capabilities import registry
     from workspaces.models import Workspace
 
@@ -55,7 +54,7 @@ def main(iterations: int = ITERATIONS) -> dict[str, float]:
     config = {"method": "POST", "url": "https://pay.example/refunds",
               "json": {"amount": 20, "currency": "EUR", "customer": {"id": "c-1"}}}  # fmt: skip
     capability = action.describe(config)
-    risk, reasons = policy.step_risk(capability, action.risk_inputs(config))
+    risk, reasons = risk_for(action, config, capability)
     step = {"step_id": "refund", "action": "http_request", "config": config}
     prepared = PreparedStep(
         step=step, action=action, config=config, capability=capability, risk=risk, reasons=reasons
