@@ -81,6 +81,9 @@ class GateRequest:
     # What a standing approval's arg_constraint is matched against when not ``what`` itself
     # (an agent tool call: the tool's own arguments, not ``{"tool", "args"}``).
     constraint_subject: Any = None
+    # Why a workspace policy makes this step ask (a rule, a credential that always asks, quiet
+    # hours): shown to the approver; standing approvals never cover it either.
+    asked_because: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ class Verdict:
 
 def check_step(request: GateRequest) -> Verdict:
     now = timezone.now()
-    if not request.always_asks_human:
+    if not request.always_asks_human and not request.asked_because:
         verdict = _use_standing(request, now)
         if verdict is not None:
             return verdict
@@ -273,6 +276,8 @@ def why_text(request: GateRequest) -> str:
         text += " (risk raised: " + "; ".join(request.reasons) + ")"
     if request.extra.get("rerun_of"):
         text = f"re-run from a later step asks again: {text}"
+    if request.asked_because:
+        text += "; asks because of " + "; ".join(request.asked_because)
     return text
 
 
@@ -288,7 +293,7 @@ def _create(request: GateRequest, now: datetime) -> Verdict:
         action=request.action,
         capability_id=request.capability_id,
         risk=request.risk,
-        reasons=list(request.reasons),
+        reasons=[*request.reasons, *request.asked_because],
         what=redact(request.what, secrets),
         why=why_text(request),
         message=redact(request.message, secrets),

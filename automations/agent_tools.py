@@ -40,7 +40,7 @@ from capabilities.base import (
     StepFailure,
 )
 
-from . import gating, steps
+from . import gate_policies, gating, steps
 from .models import Run, StepRun
 from .outcomes import redacted
 
@@ -68,10 +68,18 @@ class ToolGateway:
         assert tool is not None  # _refusal looked it up
         capability = _describe(tool, args)
         risk, reasons = steps.risk_for(registry.get_action(tool_id), args, capability)
+        # The workspace's policies see the tool's own arguments, as they see a step's config.
+        forced = gate_policies.evaluate(self.run, self.step["step_id"], dict(args), risk, subject=tool_id,
+                                        capability_id=capability.id)  # fmt: skip
         decision = policy.Decision.PREVIEW if self.autonomy == "A0" else policy.gate(self.autonomy, risk)
+        if forced.decision == policy.Decision.BLOCK:
+            decision = policy.Decision.BLOCK
+        elif forced.decision == policy.Decision.CONFIRM and decision == policy.Decision.ALLOW:
+            decision = policy.Decision.CONFIRM
         if decision == policy.Decision.BLOCK:
-            failure = StepFailure(ErrorCode.POLICY_VIOLATION,
-                                  f"tool {tool_id}: {risk.label} risk is not allowed at autonomy {self.autonomy}")  # fmt: skip
+            why = "; ".join(forced.reasons) if forced.decision == policy.Decision.BLOCK else (
+                f"{risk.label} risk is not allowed at autonomy {self.autonomy}")  # fmt: skip
+            failure = StepFailure(ErrorCode.POLICY_VIOLATION, f"tool {tool_id}: {why}")
             self._audit(tool_id, call_key, args, Envelope.failure(failure.code, failure.message), decision="block",
                         risk=risk)  # fmt: skip
             raise failure
@@ -81,7 +89,7 @@ class ToolGateway:
             self._audit(tool_id, call_key, args, preview, decision="preview", risk=risk)
             return preview
         if decision == policy.Decision.CONFIRM:
-            self._approved_or_park(tool_id, args, call_key, capability, risk, reasons)
+            self._approved_or_park(tool_id, args, call_key, capability, risk, reasons, forced.reasons)
         envelope = self._execute(tool, capability, args)
         self._audit(tool_id, call_key, args, envelope, decision=str(decision), risk=risk)
         if envelope.cost_usd:
@@ -109,7 +117,7 @@ class ToolGateway:
         return None
 
     def _approved_or_park(self, tool_id: str, args: Mapping[str, Any], call_key: str, capability: Capability,
-                          risk: Risk, reasons: list[str]) -> None:  # fmt: skip
+                          risk: Risk, reasons: list[str], asked_because: tuple[str, ...] = ()) -> None:  # fmt: skip
         step_key = f"{self.step_run.phase}:{self.step_run.index}:{self.step['step_id']}#{call_key}"
         action = registry.get_action(self.step["action"])
         assert action is not None  # the step is running, so its action was found when it was prepared
@@ -120,7 +128,7 @@ class ToolGateway:
         # A standing approval's arg_constraint reads the tool's own arguments (issue 29), as it reads a
         # step's flat config: never {"tool", "args"}, where a constraint on the arguments' fields is vacuous.
         verdict = gating.approval_verdict(self.run, self.step_run, prepared, self.autonomy, step_key=step_key,
-                                          constraint_subject=dict(args))  # fmt: skip
+                                          constraint_subject=dict(args), asked_because=asked_because)  # fmt: skip
         if verdict.status == "approved":
             return
         if verdict.status == "pending":

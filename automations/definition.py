@@ -21,6 +21,7 @@ from capabilities.grants import Grant
 
 from .expressions import template
 from .expressions.filter_grammar import FILTER_SCHEMA, validate_filter
+from .expressions.policy_rules import rule_issues
 
 SCHEMA_VERSION = "1.0"
 RESERVED_NAMES = frozenset({"inputs", "trigger", "run", "event"})
@@ -46,6 +47,8 @@ _STEP = {
         "timeout_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
         "expected_duration_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
         "approvals_required": {"type": "integer", "minimum": 1, "maximum": 5},
+        # Argument rules of this step's own (expressions/policy_rules.py), checked by _Checker.
+        "policy": {"type": "array"},
     },
 }
 
@@ -58,6 +61,11 @@ _TRIGGER_CONFIGS = {
             "cron": {"type": "string", "minLength": 9, "maxLength": 120},
             "timezone": {"type": "string", "minLength": 1, "maxLength": 64},
             "catch_up": {"enum": ["skip", "run_once", "run_all_capped"]},
+            "quiet_hours": {
+                "enum": ["skip", "run"],
+                "description": "skip: inside the workspace's quiet hours "
+                "a slot is recorded as schedule.skipped instead of run",
+            },
             "inputs": {"type": "object"},
         },
     },
@@ -266,6 +274,8 @@ class _Checker:
             if "when" in step:
                 self.check_template(step["when"], path + "/when", known)
             self.check_config(step, path, known)
+            if "policy" in step:
+                self.issues += rule_issues(step["policy"], path + "/policy")
             name = step.get("output_as")
             if name:
                 if name in RESERVED_NAMES:

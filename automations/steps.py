@@ -59,6 +59,7 @@ class PreparedStep:
         step_key: str | None = None,
         constraint_subject: Any = None,
         extra: dict[str, Any] | None = None,
+        asked_because: tuple[str, ...] = (),
     ) -> GateRequest:
         """What an approver decides on: this exact rendered step (or agent tool call) of this run."""
         step_key = step_key or f"{step_run.phase}:{step_run.index}:{self.step_id}"
@@ -81,6 +82,7 @@ class PreparedStep:
             last_editor_id=last_editor_id,
             principal_ids=tuple(run.principal_ids or ()),
             always_asks_human=self.action.always_asks_human,
+            asked_because=asked_because,
             extra={"autonomy": autonomy, **(extra or {})},
             automation_version=run.automation_version,
             constraint_subject=constraint_subject,

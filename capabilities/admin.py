@@ -98,7 +98,9 @@ class CredentialForm(forms.ModelForm):
     class Meta:
         model = Credential
         fields = ["workspace", "name", "kind", "metadata", "allowed_destinations", "allow_code_steps",
-                  "allowed_automations"]  # fmt: skip
+                  "allowed_automations", "approval_always"]  # fmt: skip
+        help_texts = {"approval_always": "Every step that uses this credential asks a human, whatever the autonomy "
+                                         "(a standing approval never covers it)."}  # fmt: skip
 
     def _secret_dict(self, kind: str) -> dict[str, str] | None:
         data = self.cleaned_data
@@ -132,7 +134,8 @@ class CredentialForm(forms.ModelForm):
             cleaned["grant"] = credentials.check_grant(
                 {"allowed_destinations": cleaned.get("allowed_destinations") or [],
                  "allow_code_steps": bool(cleaned.get("allow_code_steps")),
-                 "allowed_automations": cleaned.get("allowed_automations")}
+                 "allowed_automations": cleaned.get("allowed_automations"),
+                 "approval_always": bool(cleaned.get("approval_always"))}
             )  # fmt: skip
         except credentials.CredentialError as exc:
             raise forms.ValidationError(exc.message) from None
@@ -158,8 +161,8 @@ class CredentialUsedFilter(admin.SimpleListFilter):
 @admin.register(Credential)
 class CredentialAdmin(WorkspaceAdministeredAdmin):
     form = CredentialForm
-    list_display = ["name", "kind", "workspace", "updated_at", "created_by"]
-    list_filter = ["kind", "workspace", CredentialUsedFilter]
+    list_display = ["name", "kind", "workspace", "approval_always", "updated_at", "created_by"]
+    list_filter = ["kind", "workspace", "approval_always", CredentialUsedFilter]
     search_fields = ["name"]
     # encrypted_value is not a form field and not displayed anywhere.
     readonly_fields = ["created_at", "updated_at", "created_by"]

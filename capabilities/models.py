@@ -34,6 +34,8 @@ class Credential(models.Model):
     allowed_destinations = models.JSONField(default=list, blank=True)
     allow_code_steps = models.BooleanField(default=False)
     allowed_automations = models.JSONField(null=True, blank=True, default=None)
+    # Every step that uses it asks a human, whatever the autonomy (a standing approval never covers it).
+    approval_always = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     created_by = models.ForeignKey(

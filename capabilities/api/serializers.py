@@ -25,7 +25,7 @@ class CredentialOut(serializers.ModelSerializer):
         model = Credential
         # Deliberately explicit: encrypted_value is never serialised.
         fields = ["id", "name", "kind", "metadata", "allowed_destinations", "allow_code_steps",
-                  "allowed_automations", "workspace", "created_at", "updated_at"]  # fmt: skip
+                  "allowed_automations", "approval_always", "workspace", "created_at", "updated_at"]  # fmt: skip
         read_only_fields = fields
 
     NAME_ONLY = ("id", "name", "kind", "workspace")
@@ -49,6 +49,9 @@ class CredentialIn(serializers.Serializer):
     allowed_destinations = serializers.JSONField(required=False, default=list)  # type: ignore[arg-type]
     allow_code_steps = serializers.BooleanField(required=False, default=False)
     allowed_automations = serializers.JSONField(required=False, default=None)
+    approval_always = serializers.BooleanField(
+        required=False, default=False, help_text="every step that uses it asks a human"
+    )
     workspace = serializers.SlugField(required=False)
 
 
@@ -60,6 +63,9 @@ class CredentialSecretIn(serializers.Serializer):
     allowed_destinations = serializers.JSONField(required=False)
     allow_code_steps = serializers.BooleanField(required=False)
     allowed_automations = serializers.JSONField(required=False)
+    approval_always = serializers.BooleanField(
+        required=False, help_text="every step that uses it asks a human"
+    )
 
 
 class McpServerOut(serializers.ModelSerializer):

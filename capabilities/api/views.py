@@ -105,6 +105,7 @@ class CredentialList(_CredentialShapes, generics.ListAPIView):
             allowed_destinations=data.validated_data["allowed_destinations"],
             allow_code_steps=data.validated_data["allow_code_steps"],
             allowed_automations=data.validated_data["allowed_automations"],
+            approval_always=data.validated_data["approval_always"],
         )  # fmt: skip
         return Response(CredentialOut(credential).data, status=status.HTTP_201_CREATED)
 
