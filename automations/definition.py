@@ -13,9 +13,8 @@ from typing import Any
 
 from croniter import croniter
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 
-from capabilities import registry
+from capabilities import json_schema, registry
 from capabilities.base import ActionDefinition, Capability, Risk, SideEffect
 from capabilities.grants import Grant
 
@@ -345,7 +344,7 @@ class _Checker:
             self.add(path + "/capability", "unknown_capability", f"unknown capability '{capability_id}'")
             return
         self.issues += _schema_errors(
-            Draft202012Validator(capability.input_schema),
+            json_schema.validator(capability.input_schema),
             action.target_args(config) if action.target_args else config,
             path + "/args",
             lenient=True,
@@ -355,14 +354,10 @@ class _Checker:
         schema = (self.definition.get("inputs") or {}).get("schema")
         if schema is None:
             return
-        try:
-            Draft202012Validator.check_schema(schema)
-        except SchemaError as exc:
-            self.add(
-                "/inputs/schema" + _pointer(exc.absolute_path),
-                "invalid_input_schema",
-                "not a valid JSON Schema",
-            )
+        problem = json_schema.schema_problem(schema)
+        if problem is not None:
+            where, message = problem
+            self.add("/inputs/schema" + where, "invalid_input_schema", f"not a valid JSON Schema: {message}")
             return
         for name, prop in (schema.get("properties") or {}).items():
             default = prop.get("default") if isinstance(prop, dict) else None

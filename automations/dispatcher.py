@@ -25,6 +25,7 @@ from jsonschema import Draft202012Validator
 
 from audit import writer
 from audit.models import Outcome
+from capabilities import json_schema
 from config import instruments, one_round_trip
 from config.celery import QUEUE_FAST, QUEUE_LONG, QUEUE_MEDIUM
 from config.errors import ServiceError
@@ -125,7 +126,7 @@ def _input_validator(schema: dict[str, Any], automation: Automation) -> Draft202
     key = (automation.pk, automation.version)
     validator = _input_validators.get(key)
     if validator is None or validator.schema is not schema and validator.schema != schema:
-        validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+        validator = json_schema.validator(schema, formats=True)
         if len(_input_validators) >= MAX_CACHED_VALIDATORS:
             _input_validators.clear()
         _input_validators[key] = validator

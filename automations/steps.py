@@ -22,7 +22,7 @@ from jsonschema import Draft202012Validator
 from approvals import policy
 from approvals.gate import GateRequest
 from audit import writer
-from capabilities import registry
+from capabilities import json_schema, registry
 from capabilities.base import ActionDefinition, Capability, Envelope, ErrorCode, Risk, RiskInputs
 
 from . import definition as defs
@@ -200,7 +200,7 @@ def first_error(name: str, schema: Any, instance: Any, *, cache: bool = True) ->
     """The JSON pointer (without its leading slash) of the first schema error, if any."""
     validator = _validators.get(name) if cache else None
     if validator is None:
-        validator = Draft202012Validator(schema)
+        validator = json_schema.validator(schema)
         if cache:
             _validators[name] = validator
     errors = sorted(validator.iter_errors(instance), key=str)

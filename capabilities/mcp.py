@@ -35,7 +35,6 @@ from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from audit import writer
@@ -43,7 +42,7 @@ from audit.models import Outcome
 from audit.redaction import redact
 from config.errors import ServiceError
 
-from . import egress, mcp_client
+from . import egress, json_schema, mcp_client
 from .base import ActionContext, Capability, Envelope, ErrorCode, Risk, SideEffect, StepFailure
 from .credentials import credential_resolve
 from .models import Credential, CredentialKind, McpServer, McpTool, McpToolStatus, McpTransport, RiskLevel
@@ -350,7 +349,7 @@ def _unusable(info: mcp_client.ToolInfo) -> str:
         if not isinstance(schema, dict):
             return f"{label} schema is not an object"
         try:
-            Draft202012Validator.check_schema(schema)
+            json_schema.check_schema(schema)
         except SchemaError:
             return f"{label} schema is not a valid JSON Schema"
     return ""
