@@ -54,12 +54,29 @@ def test_run_now_with_a_backtracking_pattern_answers_promptly(api, workspace):
     "schema",
     [
         {"type": "object", "patternProperties": {"^(a+)+$": {"type": "integer"}}},
-        {"type": "object", "properties": {}, "patternProperties": {"^(a+)+$": {}}, "additionalProperties": False},
+        {
+            "type": "object",
+            "properties": {},
+            "patternProperties": {"^(a+)+$": {}},
+            "additionalProperties": False,
+        },
         # a $schema inside would switch jsonschema back to its stock (re) validator
-        {"type": "object", "properties": {"name": {"$schema": "https://json-schema.org/draft/2020-12/schema",
-                                                    "type": "string", "pattern": EVIL}}},  # fmt: skip
-        {"$schema": "https://json-schema.org/draft/2020-12/schema", "$defs": {"n": {"pattern": EVIL}},
-         "type": "object", "properties": {"name": {"$ref": "#/$defs/n"}}},  # fmt: skip
+        {
+            "type": "object",
+            "properties": {
+                "name": {
+                    "$schema": "https://json-schema.org/draft/2020-12/schema",
+                    "type": "string",
+                    "pattern": EVIL,
+                }
+            },
+        },  # fmt: skip
+        {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$defs": {"n": {"pattern": EVIL}},
+            "type": "object",
+            "properties": {"name": {"$ref": "#/$defs/n"}},
+        },  # fmt: skip
     ],
     ids=["patternProperties", "additionalProperties", "nested-$schema", "$ref"],
 )
