@@ -331,7 +331,7 @@ class McpServerAdmin(WorkspaceAdministeredAdmin):
             except mcp.McpServiceError as exc:
                 self.message_user(request, f"{server.slug}: {exc.message}", messages.ERROR)
                 continue
-            level = messages.WARNING if counts["changed"] else messages.SUCCESS
+            level = messages.WARNING if counts["changed"] or counts["new"] else messages.SUCCESS
             self.message_user(request, f"{server.slug}: {counts}", level)
 
 
@@ -340,7 +340,7 @@ class NeedsReviewFilter(admin.SimpleListFilter):
     parameter_name = "review"
 
     def lookups(self, request, model_admin):
-        return [("yes", "changed since approval / disabled")]
+        return [("yes", "new, changed since approval or disabled")]
 
     def queryset(self, request, queryset):
         if self.value() == "yes":
@@ -355,7 +355,11 @@ class McpToolAdmin(WorkspaceAdministeredAdmin):
     list_display = ["capability", "workspace", "status_badge", "risk", "changed", "last_seen"]
     list_filter = [NeedsReviewFilter, "status", "risk_override", "server__workspace", "server"]
     search_fields = ["name", "server__slug", "description"]
-    ordering = ["status", "server__slug", "name"]  # "active" < "disabled" < "removed"; filter to review
+    ordering = [
+        "status",
+        "server__slug",
+        "name",
+    ]  # "active" < "disabled" < "pending" < "removed"; filter to review
     readonly_fields = [
         "server", "name", "description", "input_schema", "output_schema", "annotations", "schema_hash",
         "approved_hash", "status", "risk_override", "first_seen", "last_seen",
@@ -390,11 +394,16 @@ class McpToolAdmin(WorkspaceAdministeredAdmin):
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj):
         colour = {
+            McpToolStatus.PENDING: "#c60",
             McpToolStatus.ACTIVE: "green",
             McpToolStatus.DISABLED: "#c00",
             McpToolStatus.REMOVED: "grey",
         }
-        label = obj.status.upper() if obj.status == McpToolStatus.DISABLED else obj.status
+        label = (
+            obj.status.upper()
+            if obj.status in (McpToolStatus.DISABLED, McpToolStatus.PENDING)
+            else obj.status
+        )
         return format_html('<b style="color:{}">{}</b>', colour.get(obj.status, "black"), label)
 
     @admin.display(description="risk")

@@ -294,9 +294,11 @@ def _record_listing(server: McpServer, tool: McpTool | None, info: mcp_client.To
     """
     if tool is None:
         assert info is not None
-        tool = McpTool.objects.create(server=server, name=info.name, approved_hash=info.hash,
-                                      status=McpToolStatus.ACTIVE, last_seen=now, **_tool_fields(info))  # fmt: skip
-        _audit(server, "mcp.tool.added", f"MCP tool {server.slug}.{info.name} discovered (untrusted: high risk)",
+        # A new tool waits for an admin like a changed one: nothing about it is trusted yet.
+        tool = McpTool.objects.create(server=server, name=info.name, approved_hash="",
+                                      status=McpToolStatus.PENDING, last_seen=now, **_tool_fields(info))  # fmt: skip
+        _audit(server, "mcp.tool.added",
+               f"MCP tool {server.slug}.{info.name} discovered: pending until an admin approves it",
                actor=actor, trace_id=trace_id, refs={"mcp_tool": str(tool.pk)},
                payload={"tool": info.name, "schema_hash": info.hash, "annotations": info.annotations})  # fmt: skip
         return "new"
@@ -318,18 +320,22 @@ def _record_listing(server: McpServer, tool: McpTool | None, info: mcp_client.To
     for name, value in _tool_fields(info).items():
         setattr(tool, name, value)
     # Exactly what an admin approved may run again; anything else waits for re-approval.
-    tool.status = McpToolStatus.ACTIVE if new_hash == tool.approved_hash else McpToolStatus.DISABLED
+    if new_hash == tool.approved_hash:
+        tool.status = McpToolStatus.ACTIVE
+    else:  # never approved: still pending; approved before: disabled until re-approved
+        tool.status = McpToolStatus.DISABLED if tool.approved_hash else McpToolStatus.PENDING
     tool.save(update_fields=[*_tool_fields(info), "status", "last_seen"])
     if old_hash == new_hash:  # it had been removed and is offered again, unchanged
         _audit(server, "mcp.tool.restored", f"MCP tool {server.slug}.{tool.name} is offered again ({tool.status})",
                actor=actor, trace_id=trace_id, refs={"mcp_tool": str(tool.pk)}, payload={"tool": tool.name})  # fmt: skip
         return "restored"
     outcome = Outcome.FAILURE if tool.status == McpToolStatus.DISABLED else Outcome.INFO
-    summary = (
-        f"MCP tool {server.slug}.{tool.name} changed since it was approved: disabled until an admin re-approves it"
-        if tool.status == McpToolStatus.DISABLED
-        else f"MCP tool {server.slug}.{tool.name} is back to its approved definition"
-    )
+    summary = {
+        McpToolStatus.DISABLED: f"MCP tool {server.slug}.{tool.name} changed since it was approved: "
+        "disabled until an admin re-approves it",
+        McpToolStatus.PENDING: f"MCP tool {server.slug}.{tool.name} changed before anyone approved it: "
+        "still pending",
+    }.get(tool.status, f"MCP tool {server.slug}.{tool.name} is back to its approved definition")
     _audit(server, "mcp.tool.changed", summary, actor=actor, trace_id=trace_id, outcome=outcome,
            refs={"mcp_tool": str(tool.pk)},
            payload={"tool": tool.name, "previous_status": was, "status": tool.status, "previous_hash": old_hash,
