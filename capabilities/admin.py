@@ -6,6 +6,8 @@ the same way.
 
 from __future__ import annotations
 
+import json
+
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth.base_user import AbstractBaseUser
@@ -268,7 +270,7 @@ class McpServerAdmin(WorkspaceAdministeredAdmin):
     form = McpServerForm
     list_display = ["slug", "name", "workspace", "transport", "enabled", "last_harvested_at", "last_error"]
     list_filter = ["transport", "enabled", "workspace"]
-    search_fields = ["slug", "name", "url"]
+    search_fields = ["slug", "name"]  # not the URL: a viewer could test guesses at a secret in it
     readonly_fields = ["last_harvested_at", "last_error", "created_at", "updated_at"]
     inlines = [McpToolInline]
     actions = ["harvest_now"]
@@ -284,7 +286,25 @@ class McpServerAdmin(WorkspaceAdministeredAdmin):
 
     def get_readonly_fields(self, request, obj=None):
         fixed = ["workspace", "slug", "transport"] if obj else []
-        return [*fixed, *self.readonly_fields]
+        masked = (
+            ["url_masked", "env_masked"] if obj is not None and not self.administers(request, obj) else []
+        )
+        return [*fixed, *masked, *self.readonly_fields]
+
+    def get_fields(self, request, obj=None):
+        """A non-admin sees env keys with masked values and the URL without userinfo or query values."""
+        fields = super().get_fields(request, obj)
+        if obj is not None and not self.administers(request, obj):
+            return [{"url": "url_masked", "env": "env_masked"}.get(f, f) for f in fields]
+        return fields
+
+    @admin.display(description="URL")
+    def url_masked(self, obj):
+        return mcp.masked_url(obj.url)
+
+    @admin.display(description="env")
+    def env_masked(self, obj):
+        return json.dumps(mcp.masked_env(obj.env))
 
     def save_model(self, request, obj, form, change):
         data = form.cleaned_data

@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from django.db import transaction
 from django.utils import timezone
@@ -271,6 +272,40 @@ def connection_for(server: McpServer, *, timeout: float, secrets: list[str], tra
         label=server.slug, transport="http", timeout=timeout, url=server.url, headers=headers,
         pinned_host=egress.connect_host(parsed), pinned_addresses=addresses, secrets=tuple(secrets),
     )  # fmt: skip
+
+
+# --- what a viewer sees ----------------------------------------------------------------
+
+MASK = "***"
+
+
+def masked_url(url: str) -> str:
+    """``url`` without what can hold a literal secret: userinfo, query values and fragment masked."""
+    if not url:
+        return url
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return MASK
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None:
+        netloc += f":{port}"
+    if parts.username is not None or parts.password is not None:
+        netloc = f"{MASK}@{netloc}"
+    query = "&".join(f"{pair.split('=', 1)[0]}={MASK}" if "=" in pair else MASK
+                     for pair in parts.query.split("&") if pair)  # fmt: skip
+    return urlunsplit((parts.scheme, netloc, parts.path, query, MASK if parts.fragment else ""))
+
+
+def masked_env(env: Mapping[str, Any] | None) -> dict[str, str]:
+    """``env``'s keys with every literal value masked (a ``$credential`` reference is no secret)."""
+    return {
+        key: value if isinstance(value, str) and (value == CREDENTIAL_REF or value.startswith(CREDENTIAL_REF + "."))
+        else MASK
+        for key, value in (env or {}).items()
+    }  # fmt: skip
 
 
 # --- harvest ---------------------------------------------------------------------
