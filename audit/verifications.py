@@ -74,9 +74,7 @@ def verification_latest(chains: Iterable[str]) -> tuple[VerifyResult, datetime |
     names = sorted(set(chains))
     fresh_after = timezone.now() - timedelta(seconds=settings.AUTOPLANE_AUDIT_VERIFY_SECONDS)
     rows = {row.chain: row for row in AuditVerification.objects.filter(chain__in=names)}
-    stale = [
-        c for c in names if c not in rows or rows[c].verified_at is None or rows[c].verified_at < fresh_after
-    ]
+    stale = [c for c in names if c not in rows or (rows[c].verified_at or fresh_after) <= fresh_after]
     if stale:
         verification_record(stale, full=False)
         rows = {row.chain: row for row in AuditVerification.objects.filter(chain__in=names)}
@@ -89,7 +87,7 @@ def verification_latest(chains: Iterable[str]) -> tuple[VerifyResult, datetime |
                 broken=BrokenLink(**row.broken) if row.broken else None,
             )
         )  # fmt: skip
-    times = [rows[name].verified_at for name in names if rows[name].verified_at is not None]
+    times = [at for name in names if (at := rows[name].verified_at) is not None]
     return result, (min(times) if times else None), bool(names) and all(rows[name].full for name in names)
 
 
@@ -101,20 +99,25 @@ def verification_full(chains: Iterable[str]) -> VerifyResult:
     AuditVerification.objects.bulk_create([AuditVerification(chain=c) for c in names], ignore_conflicts=True)
     with transaction.atomic():
         due = Q(full_requested_at__isnull=True) | Q(full_requested_at__lte=now - interval)
-        claimed = AuditVerification.objects.filter(due, chain__in=names).update(full_requested_at=now)
-        if claimed < len(names):
-            latest = max(
-                AuditVerification.objects.filter(chain__in=names, full_requested_at__isnull=False)
-                .values_list("full_requested_at", flat=True),
-                default=now,
-            )  # fmt: skip
-            retry = max(1, math.ceil((latest + interval - now).total_seconds()))
-            # Raised inside the transaction: the claims this request made are rolled back.
-            raise ServiceError(
-                "RATE_LIMITED",
-                f"a full verification ran less than {interval.total_seconds():.0f} s ago; retry in {retry} s "
-                "(the last verification is served without ?full=true)",
-                429,
-                headers={"Retry-After": str(retry)},
-            )
+        recent = [
+            at for at in AuditVerification.objects.filter(chain__in=names).exclude(due)
+            .values_list("full_requested_at", flat=True) if at is not None
+        ]  # fmt: skip
+        if recent:
+            _too_soon(max(recent) + interval - now, interval)
+        if AuditVerification.objects.filter(due, chain__in=names).update(full_requested_at=now) < len(names):
+            # Another request claimed one of them since: raised inside the transaction, so the
+            # claims this one made are rolled back.
+            _too_soon(interval, interval)
     return verification_record(names, full=True)
+
+
+def _too_soon(wait: timedelta, interval: timedelta) -> None:
+    retry = max(1, math.ceil(wait.total_seconds()))
+    raise ServiceError(
+        "RATE_LIMITED",
+        f"a full verification ran less than {interval.total_seconds():.0f} s ago; retry in {retry} s "
+        "(the last verification is served without ?full=true)",
+        429,
+        headers={"Retry-After": str(retry)},
+    )

@@ -295,7 +295,8 @@ class McpServerAdmin(WorkspaceAdministeredAdmin):
         """A non-admin sees env keys with masked values and the URL without userinfo or query values."""
         fields = super().get_fields(request, obj)
         if obj is not None and not self.administers(request, obj):
-            return [{"url": "url_masked", "env": "env_masked"}.get(f, f) for f in fields]
+            masked = {"url": "url_masked", "env": "env_masked"}
+            return [masked.get(f, f) if isinstance(f, str) else f for f in fields]
         return fields
 
     @admin.display(description="URL")

@@ -71,10 +71,10 @@ class AuditVerifyView(generics.GenericAPIView):
             administered = set(workspace_ids_for(request.user, Permission.ADMINISTER))
             if not chains or not administered.issuperset(workspace_ids):
                 raise PermissionDenied("a full verification is for admins of every workspace it covers")
-            result, verified_at, full = verification_full(chains), timezone.now(), True
+            body = {**verification_full(chains).as_dict(), "verified_at": timezone.now(), "full": True}
         else:
             result, verified_at, full = verification_latest(chains)
-        body = {**result.as_dict(), "verified_at": verified_at, "full": full}
+            body = {**result.as_dict(), "verified_at": verified_at, "full": full}
         return Response(self.get_serializer(body).data)
 
 

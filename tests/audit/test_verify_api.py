@@ -77,8 +77,13 @@ def test_a_full_walk_is_rate_limited_per_interval(api_users, settings):
     assert 590 <= int(second["Retry-After"]) <= 600
     assert _verify(api_users.alice).status_code == 200  # the stored result is still served
 
-    AuditVerification.objects.update(full_requested_at=AuditVerification.objects.get().full_requested_at
-                                     - timedelta(seconds=601))  # fmt: skip
+    started = AuditVerification.objects.get().full_requested_at
+    AuditVerification.objects.update(full_requested_at=started - timedelta(seconds=100))
+    later = _verify(api_users.alice, full="true")
+    assert later.status_code == 429
+    assert 490 <= int(later["Retry-After"]) <= 500  # what is left of the interval
+
+    AuditVerification.objects.update(full_requested_at=started - timedelta(seconds=601))
     assert _verify(api_users.alice, full="true").status_code == 200
 
 
