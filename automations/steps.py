@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
-from jsonschema import Draft202012Validator
+from jsonschema.protocols import Validator
 
 from approvals import policy
 from approvals.gate import GateRequest
@@ -193,7 +193,7 @@ def risk_for(
     return policy.step_risk(capability, inputs, recipients=recipients)
 
 
-_validators: dict[str, Draft202012Validator] = {}
+_validators: dict[str, Validator] = {}
 
 
 def first_error(name: str, schema: Any, instance: Any, *, cache: bool = True) -> str | None:
