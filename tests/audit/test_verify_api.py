@@ -107,3 +107,28 @@ def test_a_bad_query_is_a_400(api_users):
     response = _verify(api_users.alice, full="maybe")
     assert response.status_code == 400
     assert response.json()["errors"][0]["path"] == "/full"
+
+
+def test_the_admin_shows_a_non_superuser_the_last_verification_of_their_chains(workspace, viewer, tamper):
+    from django.contrib.auth.models import Permission as AuthPermission
+    from django.test import Client
+
+    event = writer.append(trace_id="t", type="a", summary="a", workspace_id=workspace.id)
+    writer.append(trace_id="t", type="other", summary="elsewhere", workspace_id=workspace.id + 1000)
+    viewer.is_staff = True
+    viewer.save(update_fields=["is_staff"])
+    viewer.user_permissions.add(*AuthPermission.objects.filter(codename="view_auditevent"))
+    client = Client()
+    client.force_login(viewer)
+
+    first = client.post("/admin/audit/auditevent/verify/", follow=True).content.decode()
+    assert "ledger OK" in first
+    assert "in 1 chain(s)" in first  # their one chain, not the other workspace's
+    assert "the last incremental verification" in first
+
+    tamper.set_payload(event.id, {"forged": True})
+    assert (
+        "ledger OK" in client.post("/admin/audit/auditevent/verify/", follow=True).content.decode()
+    )  # served
+    audit_verify()
+    assert "ledger BROKEN" in client.post("/admin/audit/auditevent/verify/", follow=True).content.decode()
