@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from audit import selectors, signing
 from audit.verifications import verification_full, verification_latest
 from audit.writer import chain_for
+from config.openapi import errors
 from config.pagination import AuditPagination
 from workspaces.access import workspace_ids_for, workspaces_for
 from workspaces.models import Permission
@@ -56,7 +57,7 @@ class AuditEventDetailView(_VisibleEventsMixin, generics.RetrieveAPIView):
 
 
 @extend_schema(
-    tags=["audit"], parameters=[VerifyQuerySerializer],
+    tags=["audit"], parameters=[VerifyQuerySerializer], responses={200: VerifyResultSerializer, **errors(403, 429)},
     summary="The last verification of your workspaces' chains (a full walk now with ?full=true, admins)",
 )  # fmt: skip
 class AuditVerifyView(generics.GenericAPIView):
