@@ -286,22 +286,26 @@ class McpServerAdmin(WorkspaceAdministeredAdmin):
 
     def get_readonly_fields(self, request, obj=None):
         fixed = ["workspace", "slug", "transport"] if obj else []
-        masked = (
-            ["url_masked", "env_masked"] if obj is not None and not self.administers(request, obj) else []
-        )
+        viewer = obj is not None and not self.administers(request, obj)
+        masked = ["url_masked", "env_masked", "command_masked"] if viewer else []
         return [*fixed, *masked, *self.readonly_fields]
 
     def get_fields(self, request, obj=None):
-        """A non-admin sees env keys with masked values and the URL without userinfo or query values."""
+        """A non-admin sees env keys with masked values, the URL without userinfo or query values and
+        the command with secret-looking flag values masked."""
         fields = super().get_fields(request, obj)
         if obj is not None and not self.administers(request, obj):
-            masked = {"url": "url_masked", "env": "env_masked"}
+            masked = {"url": "url_masked", "env": "env_masked", "command": "command_masked"}
             return [masked.get(f, f) if isinstance(f, str) else f for f in fields]
         return fields
 
     @admin.display(description="URL")
     def url_masked(self, obj):
         return mcp.masked_url(obj.url)
+
+    @admin.display(description="command")
+    def command_masked(self, obj):
+        return json.dumps(mcp.masked_command(obj.command))
 
     @admin.display(description="env")
     def env_masked(self, obj):

@@ -299,6 +299,32 @@ def masked_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, MASK if parts.fragment else ""))
 
 
+_SECRET_FLAG = re.compile(r"(?i)^-{1,2}[\w.-]*(token|key|secret|passw|pwd|auth|credential|bearer)[\w.-]*$")
+
+
+def masked_command(argv: list[Any] | None) -> list[str]:
+    """``argv`` with what looks like a literal secret masked: the value of a ``--token``/``--api-key``/...
+    flag (``--token X`` or ``--token=X``) and the userinfo and query of a URL argument."""
+    shown: list[str] = []
+    hide_next = False
+    for arg in argv or []:
+        text = str(arg)
+        flag, eq, _value = text.partition("=")
+        if hide_next:
+            shown.append(MASK)
+            hide_next = False
+        elif eq and _SECRET_FLAG.match(flag):
+            shown.append(f"{flag}={MASK}")
+        elif _SECRET_FLAG.match(text):
+            shown.append(text)
+            hide_next = True
+        elif "://" in text:
+            shown.append(masked_url(text))
+        else:
+            shown.append(text)
+    return shown
+
+
 def masked_env(env: Mapping[str, Any] | None) -> dict[str, str]:
     """``env``'s keys with every literal value masked (a ``$credential`` reference is no secret)."""
     return {

@@ -80,13 +80,15 @@ class McpServerOut(serializers.ModelSerializer):
         read_only_fields = fields
 
     def to_representation(self, instance):
-        """Admins of the server's workspace see it all; anyone else its env keys (values masked) and
-        its URL with userinfo and query values masked: either can hold a literal secret."""
+        """Admins of the server's workspace see it all; anyone else its env keys (values masked), its
+        URL with userinfo and query values masked and its command with secret-looking flag values
+        masked: each can hold a literal secret."""
         data = super().to_representation(instance)
         administered = self.context.get("administered_workspaces")
         if administered is None or instance.workspace_id not in administered:
             data["url"] = mcp.masked_url(data["url"])
             data["env"] = mcp.masked_env(data["env"])
+            data["command"] = mcp.masked_command(data["command"])
         return data
 
 

@@ -19,7 +19,8 @@ URL = f"https://bot:{SECRET}@mcp.example.com:8443/v1/mcp?api_key={SECRET}&team=7
 @pytest.fixture
 def servers(workspace):
     http = mcp.mcp_server_create(workspace=workspace, slug="remote", transport="http", url=URL)
-    stdio = mcp.mcp_server_create(workspace=workspace, slug="local", transport="stdio", command=["mcp-notes"],
+    stdio = mcp.mcp_server_create(workspace=workspace, slug="local", transport="stdio", command=["mcp-notes", "--api-key", SECRET, f"--token={SECRET}",
+                                                                            "--verbose", f"https://u:{SECRET}@h/x"],
                                   env={"NOTES_TOKEN": SECRET, "LEVEL": "debug"})  # fmt: skip
     return http, stdio
 
@@ -36,6 +37,14 @@ def test_a_viewer_sees_env_keys_and_urls_masked(servers, viewer):
     assert SECRET not in listed.content.decode()
     assert one["url"] == "https://***@mcp.example.com:8443/v1/mcp?api_key=***&team=***#***"
     assert local["env"] == {"NOTES_TOKEN": "***", "LEVEL": "***"}
+    assert local["command"] == [
+        "mcp-notes",
+        "--api-key",
+        "***",
+        "--token=***",
+        "--verbose",
+        "https://***@h/x",
+    ]
 
 
 def test_an_admin_sees_them_as_configured(servers, owner):
@@ -44,6 +53,7 @@ def test_an_admin_sees_them_as_configured(servers, owner):
 
     assert client.get(f"/api/v1/mcp-servers/{http.pk}").json()["url"] == URL
     assert client.get(f"/api/v1/mcp-servers/{stdio.pk}").json()["env"]["NOTES_TOKEN"] == SECRET
+    assert SECRET in client.get(f"/api/v1/mcp-servers/{stdio.pk}").json()["command"]
 
 
 def test_a_viewer_in_the_admin_sees_them_masked(servers, viewer, owner):
