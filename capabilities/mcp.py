@@ -172,7 +172,8 @@ def mcp_server_create(
         enabled=enabled, **fields,
     )  # fmt: skip
     _audit(server, "mcp.server.created", f"MCP server {slug} ({transport}) added", user=user, outcome=Outcome.SUCCESS,
-           payload={"transport": transport, "url": fields["url"], "command": fields["command"],
+           # Masked as viewers see them: the ledger is readable by every member and never changes.
+           payload={"transport": transport, "url": masked_url(fields["url"]), "command": masked_command(fields["command"]),
                     "credential": credential.name if credential else None})  # fmt: skip
     return server
 

@@ -35,6 +35,7 @@ def test_a_viewer_sees_env_keys_and_urls_masked(servers, viewer):
 
     assert listed.status_code == 200
     assert SECRET not in listed.content.decode()
+    assert SECRET not in client.get("/api/v1/audit").content.decode()  # the mcp.server.created rows
     assert one["url"] == "https://***@mcp.example.com:8443/v1/mcp?api_key=***&team=***#***"
     assert local["env"] == {"NOTES_TOKEN": "***", "LEVEL": "***"}
     assert local["command"] == [
