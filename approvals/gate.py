@@ -35,12 +35,12 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from audit import writer
 from audit.models import Outcome
 from audit.redaction import redact
+from capabilities import json_schema
 from config import instruments
 from workspaces.models import Workspace
 
@@ -153,7 +153,7 @@ def _accepts(constraint: Any, what: Any) -> bool:
     if constraint is None:
         return True
     try:
-        return Draft202012Validator(constraint).is_valid(what)
+        return json_schema.validator(constraint).is_valid(what)
     except SchemaError:
         return False
 

@@ -20,11 +20,10 @@ from django.core import signing as django_signing
 from django.db import IntegrityError, transaction
 from django.urls import reverse
 from django.utils import timezone
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 
 from audit import writer
 from audit.models import Outcome
+from capabilities import json_schema
 from config import instruments
 from config.celery import app
 from config.errors import ServiceError
@@ -229,11 +228,11 @@ def _check_constraint(arg_constraint: Any) -> None:
         return
     if not isinstance(arg_constraint, dict):
         raise ApprovalError("INVALID_ARGUMENT", "arg_constraint must be a JSON Schema object or null")
-    try:
-        Draft202012Validator.check_schema(arg_constraint)
-    except SchemaError as exc:
+    problem = json_schema.schema_problem(arg_constraint)
+    if problem is not None:
         raise ApprovalError(
-            "INVALID_ARGUMENT", f"arg_constraint is not a valid JSON Schema: {exc.message[:200]}"
+            "INVALID_ARGUMENT",
+            f"arg_constraint is not a valid JSON Schema at {problem[0] or '/'}: {problem[1][:200]}",
         )
 
 

@@ -22,13 +22,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from jsonschema import Draft202012Validator
-
 from approvals import policy
 from audit import writer
 from audit.models import Outcome
 from audit.redaction import redact
-from capabilities import registry, tools
+from capabilities import json_schema, registry, tools
 from capabilities.base import (
     ActionContext,
     AwaitingApproval,
@@ -108,7 +106,7 @@ class ToolGateway:
             return Envelope.failure(
                 ErrorCode.CAPABILITY_NOT_FOUND, f"unknown tool '{tool_id[:100]}'", retryable=False
             )
-        bad = next(Draft202012Validator(tool.input_schema).iter_errors(dict(args)), None)
+        bad = next(json_schema.validator(tool.input_schema).iter_errors(dict(args)), None)
         if bad is not None:
             where = "/".join(map(str, bad.absolute_path))
             return Envelope.failure(ErrorCode.INVALID_ARGUMENT,

@@ -6,6 +6,7 @@ a JSON-pointer ``path``; an empty list means the definition may be saved.
 
 from __future__ import annotations
 
+import json
 import zoneinfo
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -13,9 +14,8 @@ from typing import Any
 
 from croniter import croniter
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 
-from capabilities import registry
+from capabilities import json_schema, registry
 from capabilities.base import ActionDefinition, Capability, Risk, SideEffect
 from capabilities.grants import Grant
 
@@ -27,6 +27,8 @@ SCHEMA_VERSION = "1.0"
 RESERVED_NAMES = frozenset({"inputs", "trigger", "run", "event"})
 INPUT_DEFAULT_TOKENS = frozenset({"$last_fired_at", "$now", "$creator"})
 MIN_SCHEDULE_INTERVAL_SECONDS = 60
+# A definition's size as UTF-8 compact JSON, checked before anything else on every save path
+# (API, admin, drafts, examples): a bigger one costs template-compile CPU for nothing.
 MAX_DEFINITION_BYTES = 512 * 1024
 
 _IDENT = "^[a-zA-Z][a-zA-Z0-9_-]{0,63}$"
@@ -355,7 +357,7 @@ class _Checker:
             self.add(path + "/capability", "unknown_capability", f"unknown capability '{capability_id}'")
             return
         self.issues += _schema_errors(
-            Draft202012Validator(capability.input_schema),
+            json_schema.validator(capability.input_schema),
             action.target_args(config) if action.target_args else config,
             path + "/args",
             lenient=True,
@@ -365,14 +367,10 @@ class _Checker:
         schema = (self.definition.get("inputs") or {}).get("schema")
         if schema is None:
             return
-        try:
-            Draft202012Validator.check_schema(schema)
-        except SchemaError as exc:
-            self.add(
-                "/inputs/schema" + _pointer(exc.absolute_path),
-                "invalid_input_schema",
-                "not a valid JSON Schema",
-            )
+        problem = json_schema.schema_problem(schema)
+        if problem is not None:
+            where, message = problem
+            self.add("/inputs/schema" + where, "invalid_input_schema", f"not a valid JSON Schema: {message}")
             return
         for name, prop in (schema.get("properties") or {}).items():
             default = prop.get("default") if isinstance(prop, dict) else None
@@ -440,6 +438,14 @@ def validate_definition(
     """Every problem with ``definition`` (schema first; semantics only once the shape is right)."""
     if not isinstance(definition, dict):
         return [_issue("/", "schema_violation", "a definition must be a JSON object")]
+    if (size := definition_size(definition)) > MAX_DEFINITION_BYTES:
+        return [
+            _issue(
+                "/",
+                "too_large",
+                f"the definition is {size // 1024} KB; at most {MAX_DEFINITION_BYTES // 1024} KB",
+            )
+        ]
     issues = _schema_errors(_VALIDATOR, definition, "", lenient=False)
     if issues:
         return issues
@@ -453,6 +459,14 @@ def validate_definition(
     checker.check_steps(on_failure, "/execution/on_failure", known, seen_ids, final=True)
     checker.check_execution()
     return checker.issues
+
+
+def definition_size(definition: Any) -> int:
+    """Bytes of ``definition`` as compact UTF-8 JSON (more than the cap when it cannot be encoded)."""
+    try:
+        return len(json.dumps(definition, separators=(",", ":"), ensure_ascii=False).encode(errors="replace"))
+    except (TypeError, ValueError, RecursionError):
+        return MAX_DEFINITION_BYTES + 1
 
 
 def definition_json_schema() -> dict[str, Any]:

@@ -17,12 +17,12 @@ from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
-from jsonschema import Draft202012Validator
+from jsonschema.protocols import Validator
 
 from approvals import policy
 from approvals.gate import GateRequest
 from audit import writer
-from capabilities import registry
+from capabilities import json_schema, registry
 from capabilities.base import ActionDefinition, Capability, Envelope, ErrorCode, Risk, RiskInputs
 from workspaces.models import effective_quorum
 
@@ -227,14 +227,14 @@ def risk_for(
     return policy.step_risk(capability, inputs, recipients=recipients)
 
 
-_validators: dict[str, Draft202012Validator] = {}
+_validators: dict[str, Validator] = {}
 
 
 def first_error(name: str, schema: Any, instance: Any, *, cache: bool = True) -> str | None:
     """The JSON pointer (without its leading slash) of the first schema error, if any."""
     validator = _validators.get(name) if cache else None
     if validator is None:
-        validator = Draft202012Validator(schema)
+        validator = json_schema.validator(schema)
         if cache:
             _validators[name] = validator
     errors = sorted(validator.iter_errors(instance), key=str)

@@ -90,6 +90,9 @@ class McpServer(models.Model):
 
 
 class McpToolStatus(models.TextChoices):
+    # Newly listed by its server: nobody has approved it yet, so it is not callable, not
+    # offered to agents or drafting, and no glob allowlist picks it up until an admin approves.
+    PENDING = "pending"
     ACTIVE = "active"
     # Its description or schemas changed since an admin approved it (rug-pull guard).
     DISABLED = "disabled"
@@ -114,7 +117,7 @@ class McpTool(models.Model):
     # sha256 of the canonical JSON of description + input/output schema.
     schema_hash = models.CharField(max_length=64)
     approved_hash = models.CharField(max_length=64, blank=True, default="")
-    status = models.CharField(max_length=16, choices=McpToolStatus.choices, default=McpToolStatus.ACTIVE)
+    status = models.CharField(max_length=16, choices=McpToolStatus.choices, default=McpToolStatus.PENDING)
     # Untrusted by default: the capability is high risk until an admin says otherwise.
     risk_override = models.CharField(max_length=16, choices=RiskLevel.choices, null=True, blank=True)
     first_seen = models.DateTimeField(auto_now_add=True)

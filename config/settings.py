@@ -260,6 +260,13 @@ if not 0 <= AUTOPLANE_AUDIT_SEQUENCER_NICE <= 19:
     raise ImproperlyConfigured("AUTOPLANE_AUDIT_SEQUENCER_NICE must be between 0 and 19")
 AUTOPLANE_AUDIT_CHECKPOINT_SECONDS = env.int("AUTOPLANE_AUDIT_CHECKPOINT_SECONDS", default=300)
 AUTOPLANE_AUDIT_MAX_PAYLOAD_BYTES = env.int("AUTOPLANE_AUDIT_MAX_PAYLOAD_BYTES", default=64 * 1024)
+# GET /api/v1/audit/verify serves stored results (audit/verifications.py): beat verifies every
+# chain incrementally this often, and a result older than this is refreshed (incrementally)
+# on read. A full walk through the API is for admins, once per chain per interval.
+AUTOPLANE_AUDIT_VERIFY_SECONDS = env.int("AUTOPLANE_AUDIT_VERIFY_SECONDS", default=600)
+AUTOPLANE_AUDIT_FULL_VERIFY_INTERVAL_SECONDS = env.int(
+    "AUTOPLANE_AUDIT_FULL_VERIFY_INTERVAL_SECONDS", default=900
+)
 # Audit ledger truncation (docs/audit.md, "Retention"): 0 keeps the ledger forever.
 AUTOPLANE_AUDIT_RETENTION_DAYS = env.int("AUTOPLANE_AUDIT_RETENTION_DAYS", default=0)
 # Where truncated prefixes are archived (audit_export's format); empty: DATA_DIR/audit-exports.
@@ -499,6 +506,7 @@ CELERY_BEAT_SCHEDULE = {
     "purge-expired": {"task": "autoplane.purge_expired", "schedule": 3600.0},
     "prune-history": {"task": "autoplane.prune_history", "schedule": 3600.0},
     "audit-truncate": {"task": "autoplane.audit_truncate", "schedule": 3600.0},
+    "audit-verify": {"task": "autoplane.audit_verify", "schedule": float(AUTOPLANE_AUDIT_VERIFY_SECONDS)},
     "webhook-rejections": {
         "task": "autoplane.webhook_rejections_summarize",
         "schedule": float(AUTOPLANE_WEBHOOK_REJECTION_WINDOW_SECONDS),

@@ -35,6 +35,7 @@ from capabilities.models import McpServer
 from capabilities.sandbox import backend_from_settings
 from config.celery import QUEUES, queue_backlog
 from config.celery import app as celery_app
+from workspaces.checks import workspaces_without_four_eyes
 
 from .models import HeartbeatKind
 from .selectors import heartbeats_fresh, last_seen, workers_by_queue
@@ -350,12 +351,22 @@ def check_llm() -> Iterator[Finding]:
         yield Finding("llm", OK, f"{settings.LLM_MODEL} at {_where(settings.LLM_BASE_URL)}")
 
 
+def check_four_eyes() -> Iterator[Finding]:
+    slugs = workspaces_without_four_eyes()
+    if slugs:
+        yield Finding("four_eyes", WARN, f"off in {len(slugs)} workspace(s) with 2+ admins/approvers: "
+                      f"{', '.join(slugs[:5])}{' ...' if len(slugs) > 5 else ''}",
+                      'PATCH /api/v1/workspaces/<slug> {"four_eyes": true} (docs/security.md, Four-eyes)')  # fmt: skip
+    else:
+        yield Finding("four_eyes", OK, "on wherever two or more people may approve")
+
+
 FAST: tuple[Callable[[], Iterator[Finding]], ...] = (
-    check_database, check_signing_key, check_credential_keys, check_settings, check_sandbox,
+    check_database, check_signing_key, check_credential_keys, check_settings, check_sandbox, check_four_eyes,
 )  # fmt: skip
 ALL: tuple[Callable[[], Iterator[Finding]], ...] = (
     check_database, check_broker, check_workers, check_beat, check_sequencer, check_sandbox,
-    check_signing_key, check_credential_keys, check_settings, check_mcp_servers, check_llm,
+    check_signing_key, check_credential_keys, check_settings, check_four_eyes, check_mcp_servers, check_llm,
 )  # fmt: skip
 
 

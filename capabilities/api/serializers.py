@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from rest_framework import serializers
 
+from .. import mcp
 from ..credentials import NAME_PATTERN
 from ..models import Credential, CredentialKind, McpServer, McpTool, McpToolStatus, McpTransport, RiskLevel
 
@@ -83,6 +84,18 @@ class McpServerOut(serializers.ModelSerializer):
             "last_harvested_at", "last_error", "created_at", "updated_at",
         ]  # fmt: skip
         read_only_fields = fields
+
+    def to_representation(self, instance):
+        """Admins of the server's workspace see it all; anyone else its env keys (values masked), its
+        URL with userinfo and query values masked and its command with secret-looking flag values
+        masked: each can hold a literal secret."""
+        data = super().to_representation(instance)
+        administered = self.context.get("administered_workspaces")
+        if administered is None or instance.workspace_id not in administered:
+            data["url"] = mcp.masked_url(data["url"])
+            data["env"] = mcp.masked_env(data["env"])
+            data["command"] = mcp.masked_command(data["command"])
+        return data
 
 
 class McpServerIn(serializers.Serializer):
