@@ -18,6 +18,7 @@ import pytest
 from capabilities import egress
 from capabilities.base import ActionContext, ErrorCode, StepFailure
 from capabilities.builtin import http_request
+from workspaces import denylist
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -219,6 +220,7 @@ def test_the_platform_database_and_broker_hosts_are_denied(settings, monkeypatch
         return real_getaddrinfo(host, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", fake)
+    monkeypatch.setattr(denylist, "_resolved", {})  # no answer cached from another test
     settings.DATABASES = {**settings.DATABASES, "platform": {**settings.DATABASES["default"], "HOST": "db.internal"}}
     settings.CELERY_BROKER_URL = "redis://:secret@broker.internal:6379/0"
     settings.AUTOPLANE_EGRESS_DENYLIST = ["10.20.0.0/16", "vault.internal"]
