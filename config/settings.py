@@ -295,9 +295,11 @@ AUTOPLANE_BWRAP_PATH = env.str("AUTOPLANE_BWRAP_PATH", default="bwrap")
 if AUTOPLANE_SANDBOX_BACKEND not in ("bubblewrap", "subprocess"):
     raise ImproperlyConfigured("AUTOPLANE_SANDBOX_BACKEND must be 'bubblewrap' or 'subprocess'")
 if AUTOPLANE_SANDBOX_BACKEND == "subprocess" and not AUTOPLANE_SANDBOX_INSECURE:
-    raise ImproperlyConfigured(
-        "AUTOPLANE_SANDBOX_BACKEND=subprocess runs code steps unisolated, as the worker's user; "
-        "use bubblewrap (docs/sandbox.md) or set AUTOPLANE_SANDBOX_INSECURE=true (development only)"
+    # Every process (web, workers, beat, manage.py) stops here with this one line on stderr.
+    raise SystemExit(
+        "autoplane: AUTOPLANE_SANDBOX_BACKEND=subprocess runs code steps unisolated, as the worker's user "
+        "(its environment, data dir and keys readable); use bubblewrap (docs/sandbox.md) or set "
+        "AUTOPLANE_SANDBOX_INSECURE=true (development only)"
     )
 
 # Failed webhook authentication (docs/security.md, "Failed webhook authentication"): counted

@@ -74,10 +74,6 @@ _BUILTIN_DENIED_NETWORKS = tuple(
 )
 # ("localhost" needs no entry: the egress guard reads it as 127.0.0.1 whatever DNS says.)
 _BUILTIN_DENIED_HOSTS = frozenset({"metadata.google.internal", "metadata.goog", "instance-data.ec2.internal"})
-# Settings whose URL values name the platform's own services (its database, broker, result
-# backend, Redis); every upper-case setting with such a scheme is read.
-_PLATFORM_SCHEMES = ("postgres://", "postgresql://", "pgsql://", "redis://", "rediss://", "amqp://",
-                     "amqps://", "pyamqp://", "mysql://")  # fmt: skip
 _RESOLVE_TTL = 60.0
 _SAVE_RESOLVE_TIMEOUT = 2.0
 _resolved: dict[str, tuple[float, tuple[str, ...]]] = {}
@@ -137,12 +133,14 @@ def _platform_hosts() -> set[str]:
         host = _host_of(str(database.get("HOST") or ""))
         if host:
             hosts.add(host)
-    for name in dir(settings):
-        if not name.isupper():
-            continue
-        value = getattr(settings, name, None)
-        if not isinstance(value, str) or not value.lower().startswith(_PLATFORM_SCHEMES):
-            continue
+    urls = {
+        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+        "CELERY_RESULT_BACKEND": settings.CELERY_RESULT_BACKEND,
+        "AUTOPLANE_RATE_LIMIT_REDIS_URL": settings.AUTOPLANE_RATE_LIMIT_REDIS_URL,
+    }
+    for value in urls.values():
+        if not isinstance(value, str) or value.startswith(("sqla+", "db+", "filesystem:", "rpc:")):
+            continue  # embedded (files in the data dir) or the broker itself
         for url in value.split(";"):  # Celery takes failover brokers separated by ";"
             try:
                 host = _host_of(urlsplit(url.strip()).hostname or "")
@@ -207,7 +205,7 @@ def denylist() -> DenyList:
     hosts = set(_BUILTIN_DENIED_HOSTS)
     networks: list[IPNetwork] = list(_BUILTIN_DENIED_NETWORKS)
     names = _platform_hosts()
-    extra_hosts, extra_networks = parse_entries(getattr(settings, "AUTOPLANE_EGRESS_DENYLIST", None) or ())
+    extra_hosts, extra_networks = parse_entries(settings.AUTOPLANE_EGRESS_DENYLIST or ())
     networks.extend(extra_networks)
     for name in names | extra_hosts:
         network = as_network(name)
