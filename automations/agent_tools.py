@@ -8,7 +8,12 @@ matrix at the run's autonomy — ``block`` fails the step with
 ``POLICY_VIOLATION``, ``preview`` returns a dry run, ``confirm`` asks the
 approval gate under its own step key (``<phase>:<index>:<step_id>#t<n>``) and
 the plan hash of exactly ``{"tool", "args"}``: pending parks the run
-(``AwaitingApproval``), denied or expired fail the step; then the handler
+(``AwaitingApproval``), denied or expired fail the step. A URL the model chose
+(``core.http_get``, ``http_request``) that reaches a non-public address always
+asks a human (``confirm`` even where the matrix says ``allow``, no standing
+approval covers it, reason "agent-chosen URL to a non-public address"), whichever
+allowlist admits it; a fetch that did not ask reaches public addresses only,
+redirect hops included. Then the handler
 runs, its output redacted like any step's, its cost charged to the step's
 meter. Every call writes one ``agent.tool`` audit row (plus the gate's own
 rows when it asked for approval).
@@ -16,6 +21,7 @@ rows when it asked for approval).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,7 +33,7 @@ from approvals import policy
 from audit import writer
 from audit.models import Outcome
 from audit.redaction import redact
-from capabilities import registry, tools
+from capabilities import egress, registry, tools
 from capabilities.base import (
     ActionContext,
     AwaitingApproval,
@@ -68,6 +74,12 @@ class ToolGateway:
         capability = _describe(tool, args)
         risk, reasons = steps.risk_for(registry.get_action(tool_id), args, capability)
         decision = policy.Decision.PREVIEW if self.autonomy == "A0" else policy.gate(self.autonomy, risk)
+        # An agent-chosen URL to a non-public address waits for a human, whichever allowlist admits it.
+        non_public = _fetches_non_public(tool_id, args)
+        if non_public and decision == policy.Decision.ALLOW:
+            decision = policy.Decision.CONFIRM
+        if non_public:
+            reasons = [*reasons, NON_PUBLIC_REASON]
         if decision == policy.Decision.BLOCK:
             failure = StepFailure(ErrorCode.POLICY_VIOLATION,
                                   f"tool {tool_id}: {risk.label} risk is not allowed at autonomy {self.autonomy}")  # fmt: skip
@@ -80,8 +92,8 @@ class ToolGateway:
             self._audit(tool_id, call_key, args, preview, decision="preview", risk=risk)
             return preview
         if decision == policy.Decision.CONFIRM:
-            self._approved_or_park(tool_id, args, call_key, capability, risk, reasons)
-        envelope = self._execute(tool, capability, args)
+            self._approved_or_park(tool_id, args, call_key, capability, risk, reasons, human=non_public)
+        envelope = self._execute(tool, capability, args, public_only=not non_public)
         self._audit(tool_id, call_key, args, envelope, decision=str(decision), risk=risk)
         if envelope.cost_usd:
             self.ctx.cost_meter.charge(envelope.cost_usd, f"tool {tool_id}")
@@ -108,10 +120,12 @@ class ToolGateway:
         return None
 
     def _approved_or_park(self, tool_id: str, args: Mapping[str, Any], call_key: str, capability: Capability,
-                          risk: Risk, reasons: list[str]) -> None:  # fmt: skip
+                          risk: Risk, reasons: list[str], human: bool = False) -> None:  # fmt: skip
         step_key = f"{self.step_run.phase}:{self.step_run.index}:{self.step['step_id']}#{call_key}"
         action = registry.get_action(self.step["action"])
         assert action is not None  # the step is running, so its action was found when it was prepared
+        if human:  # no standing approval covers it: a person looks at this URL
+            action = dataclasses.replace(action, always_asks_human=True)
         prepared = steps.PreparedStep(
             step=dict(self.step), action=action,
             config={"tool": tool_id, "args": dict(args)}, capability=capability, risk=risk, reasons=reasons,
@@ -124,12 +138,15 @@ class ToolGateway:
         raise StepFailure(_ENDED.get(verdict.status, ErrorCode.POLICY_VIOLATION),
                           f"tool {tool_id}: {verdict.message}", retryable=False)  # fmt: skip
 
-    def _execute(self, tool: tools.Tool, capability: Capability, args: Mapping[str, Any]) -> Envelope:
+    def _execute(self, tool: tools.Tool, capability: Capability, args: Mapping[str, Any],
+                 public_only: bool = False) -> Envelope:  # fmt: skip
         assert self.ctx is not None
         if SideEffect.COST_INCURRING in capability.side_effects:
             self.ctx.cost_meter.check()
+        # A fetch nobody approved reaches public addresses only, its redirects included.
+        ctx = dataclasses.replace(self.ctx, public_egress_only=True) if public_only and tool.id in URL_TOOLS else self.ctx
         try:
-            envelope = tool.handler(self.ctx, dict(args))
+            envelope = tool.handler(ctx, dict(args))
         except StepFailure as exc:
             envelope = Envelope.failure(exc.code, exc.message, retryable=exc.retryable)
         except (AwaitingApproval, KeyboardInterrupt):
@@ -157,6 +174,16 @@ class ToolGateway:
                      "error": error or None},
             secrets=self.ctx.secrets,
         )  # fmt: skip
+
+
+# Tools that fetch the URL the model puts in ``args["url"]``.
+URL_TOOLS = frozenset({"core.http_get", "http_request"})
+NON_PUBLIC_REASON = "agent-chosen URL to a non-public address"
+
+
+def _fetches_non_public(tool_id: str, args: Mapping[str, Any]) -> bool:
+    url = args.get("url")
+    return tool_id in URL_TOOLS and isinstance(url, str) and egress.reaches_non_public(url)
 
 
 def _describe(tool: tools.Tool, args: Mapping[str, Any]) -> Capability:

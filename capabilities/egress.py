@@ -131,6 +131,25 @@ def resolve_url(url: str | httpx.URL, allowlist: Iterable[str]) -> tuple[str, ..
     return addresses
 
 
+def reaches_non_public(url: str | httpx.URL) -> bool:
+    """True if ``url``'s host is deny-listed or resolves to any address that is not plain public
+    unicast (whatever an allowlist says). A URL that is invalid or does not resolve is not
+    judged here: fetching it fails on its own."""
+    try:
+        parsed = parse_url(url)
+        host = connect_host(parsed)
+        deny = denylist.denylist()
+        if deny.denies_host(host):
+            return True
+        addresses = _resolve(host, parsed.port or (443 if parsed.scheme == "https" else 80))
+    except StepFailure:
+        return False
+    return any(
+        is_forbidden_address(ipaddress.ip_address(text)) or deny.denies_address(ipaddress.ip_address(text))
+        for text in addresses
+    )
+
+
 def _denied(host: str, target: str) -> StepFailure:
     return StepFailure(
         ErrorCode.POLICY_VIOLATION,

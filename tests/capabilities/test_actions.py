@@ -659,7 +659,8 @@ def test_send_email_sends_through_django(mailoutbox, settings) -> None:
     assert message.extra_headers["Message-ID"].endswith(".autoplane@example.net>")
 
 
-def test_send_email_message_id_is_stable_per_step(mailoutbox) -> None:
+def test_send_email_message_id_is_stable_per_step(mailoutbox, settings) -> None:
+    settings.AUTOPLANE_EMAIL_ALLOWED_FROM = ["ops@example.org"]
     config = {"to": ["a@example.com"], "subject": "s", "body": "b", "from": "ops@example.org"}
 
     send_email.ACTION.handler(make_ctx(), config)
