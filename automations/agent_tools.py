@@ -144,7 +144,11 @@ class ToolGateway:
         if SideEffect.COST_INCURRING in capability.side_effects:
             self.ctx.cost_meter.check()
         # A fetch nobody approved reaches public addresses only, its redirects included.
-        ctx = dataclasses.replace(self.ctx, public_egress_only=True) if public_only and tool.id in URL_TOOLS else self.ctx
+        ctx = (
+            dataclasses.replace(self.ctx, public_egress_only=True)
+            if public_only and tool.id in URL_TOOLS
+            else self.ctx
+        )
         try:
             envelope = tool.handler(ctx, dict(args))
         except StepFailure as exc:

@@ -38,7 +38,7 @@ import pytest
 from django.conf import settings
 
 from config.celery import QUEUES
-from workspaces.models import Role, Workspace
+from workspaces.models import Role
 from workspaces.services import workspace_get_or_create
 
 from . import live

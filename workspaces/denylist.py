@@ -184,7 +184,7 @@ class DenyList:
 
     def overlaps(self, network: IPNetwork) -> bool:
         for denied in self.networks:
-            if denied.version == network.version and network.overlaps(denied):  # type: ignore[arg-type]
+            if denied.version == network.version and network.overlaps(denied):
                 return True
             if isinstance(denied, ipaddress.IPv4Network) and isinstance(network, ipaddress.IPv6Network):
                 if any(network.overlaps(form) for form in _ipv6_forms(denied)):

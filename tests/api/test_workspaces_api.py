@@ -164,7 +164,9 @@ HOSTILE_ALLOWLIST_ENTRIES = [
 
 @pytest.mark.parametrize("entry", HOSTILE_ALLOWLIST_ENTRIES)
 def test_an_allowlist_entry_overlapping_the_platform_deny_list_is_refused(api, workspace, entry):
-    response = api.patch("/api/v1/workspaces/acme", {"egress_allowlist": ["10.1.0.0/16", entry]}, format="json")
+    response = api.patch(
+        "/api/v1/workspaces/acme", {"egress_allowlist": ["10.1.0.0/16", entry]}, format="json"
+    )
 
     assert response.status_code == 400
     error = response.json()["errors"][0]
@@ -192,7 +194,14 @@ def test_a_name_resolving_into_the_deny_list_and_the_platform_hosts_are_refused(
     settings.CELERY_RESULT_BACKEND = "redis://db.internal:6379/1"
     settings.AUTOPLANE_EGRESS_DENYLIST = ["192.168.50.0/24"]
 
-    for entry in ("friendly.example", "db.internal", "10.9.8.7", "10.0.0.0/8", "192.168.50.9", "192.168.0.0/16"):
+    for entry in (
+        "friendly.example",
+        "db.internal",
+        "10.9.8.7",
+        "10.0.0.0/8",
+        "192.168.50.9",
+        "192.168.0.0/16",
+    ):
         response = api.patch("/api/v1/workspaces/acme", {"egress_allowlist": [entry]}, format="json")
         assert response.status_code == 400, entry
         assert response.json()["errors"][0]["code"] == "egress_denied"

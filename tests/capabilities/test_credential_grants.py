@@ -233,7 +233,9 @@ def test_a_url_prefix_grant_compares_the_path_a_server_resolves(path) -> None:
 
 
 @pytest.mark.parametrize("path", ["/v1/%2e%2e/admin", "/v1/%2E./admin", "/v1/..;/admin", "/v1/%2fadmin"])
-def test_a_templated_url_escaping_the_prefix_by_encoding_gets_no_credential(workspace, operator, drive, echo, path):
+def test_a_templated_url_escaping_the_prefix_by_encoding_gets_no_credential(
+    workspace, operator, drive, echo, path
+):
     credentials.credential_create(workspace=workspace, name="api", kind="bearer", secret={"token": TOKEN},
                                   allowed_destinations=[f"{echo}/v1/"])  # fmt: skip
     saved = automation(workspace, operator, call("{{ inputs.url }}"), inputs={"url": {"type": "string"}})

@@ -176,7 +176,9 @@ def test_a_workspace_allowlist_never_opens_the_deny_list(url: str, allowlist: li
 
 
 @pytest.mark.parametrize(("url", "allowlist"), DENIED_OPENINGS[:7])
-def test_the_deployment_allowlist_opens_a_denied_target_by_naming_it(url: str, allowlist: list[str], settings) -> None:
+def test_the_deployment_allowlist_opens_a_denied_target_by_naming_it(
+    url: str, allowlist: list[str], settings
+) -> None:
     settings.AUTOPLANE_EGRESS_ALLOWLIST = allowlist
 
     egress.check_url(url, egress.effective_allowlist([]))
@@ -221,7 +223,10 @@ def test_the_platform_database_and_broker_hosts_are_denied(settings, monkeypatch
 
     monkeypatch.setattr(socket, "getaddrinfo", fake)
     monkeypatch.setattr(denylist, "_resolved", {})  # no answer cached from another test
-    settings.DATABASES = {**settings.DATABASES, "platform": {**settings.DATABASES["default"], "HOST": "db.internal"}}
+    settings.DATABASES = {
+        **settings.DATABASES,
+        "platform": {**settings.DATABASES["default"], "HOST": "db.internal"},
+    }
     settings.CELERY_BROKER_URL = "redis://:secret@broker.internal:6379/0"
     settings.AUTOPLANE_EGRESS_DENYLIST = ["10.20.0.0/16", "vault.internal"]
 
@@ -313,7 +318,9 @@ def test_redirect_from_allowlisted_server_to_internal_target_is_refused(
     assert info.value.code == ErrorCode.POLICY_VIOLATION
 
 
-def test_redirect_to_an_allowlisted_target_is_followed(server: ThreadingHTTPServer, loopback_opened: None) -> None:
+def test_redirect_to_an_allowlisted_target_is_followed(
+    server: ThreadingHTTPServer, loopback_opened: None
+) -> None:
     port = server.server_address[1]
 
     envelope = http_request.ACTION.handler(

@@ -102,7 +102,9 @@ def test_a_data_dir_under_a_system_tree_is_hidden_from_the_step(workspace, sandb
     assert "python3" in run.output["listed"]["/usr/bin"]  # the rest of /usr is still there
 
 
-def test_the_subprocess_backend_refuses_to_run_a_step_without_the_insecure_flag(workspace, settings, tmp_path):
+def test_the_subprocess_backend_refuses_to_run_a_step_without_the_insecure_flag(
+    workspace, settings, tmp_path
+):
     settings.AUTOPLANE_SANDBOX_BACKEND = "subprocess"
     settings.AUTOPLANE_SANDBOX_INSECURE = False
     marker = tmp_path / "ran"
@@ -124,7 +126,8 @@ def test_with_the_insecure_flag_subprocess_still_passes_no_worker_environment(wo
     assert run.status == RunStatus.SUCCEEDED, step.error_message
     assert CANARY not in json.dumps(run.output["env"])
     assert set(run.output["env"]) <= {"PATH", "HOME", "LANG", "TMPDIR", "PYTHONDONTWRITEBYTECODE", "PWD"}
-    assert run.output["cwd"] != os.getcwd() and "autoplane-sandbox-" in run.output["cwd"]
+    assert run.output["cwd"] != os.getcwd()
+    assert "autoplane-sandbox-" in run.output["cwd"]
 
 
 @pytest.mark.parametrize(("insecure", "starts"), [(None, False), ("false", False), ("true", True)])
@@ -156,7 +159,9 @@ def test_check_deploy_and_doctor_flag_the_insecure_sandbox(settings):
     flagged = [m for m in checks.run_checks(include_deployment_checks=True) if m.id == "autoplane.W001"]
     (finding,) = list(doctor.check_sandbox())
 
-    assert len(flagged) == 1 and "AUTOPLANE_SANDBOX_INSECURE=true" in flagged[0].msg
+    assert len(flagged) == 1
+    assert "AUTOPLANE_SANDBOX_INSECURE=true" in flagged[0].msg
     assert "autoplane.W001" not in {m.id for m in checks.run_checks()}  # a deployment check
     assert finding.status in (doctor.WARN, doctor.FAIL)
-    assert "AUTOPLANE_SANDBOX_INSECURE=true" in finding.message and "without isolation" in finding.message
+    assert "AUTOPLANE_SANDBOX_INSECURE=true" in finding.message
+    assert "without isolation" in finding.message

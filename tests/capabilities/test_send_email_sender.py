@@ -1,6 +1,6 @@
 """send_email's ``from`` (issue 32): only DEFAULT_FROM_EMAIL or a sender AUTOPLANE_EMAIL_ALLOWED_FROM
 lists; any other is refused at save (400 ``sender_not_allowed``), at run for a templated one
-(``POLICY_VIOLATION``, nothing sent), and when an agent chooses it as a tool argument."""
+(``POLICY_VIOLATION``, nothing sent); as an agent's tool argument: tests/llm/test_agent_fetch.py."""
 
 from __future__ import annotations
 
@@ -14,8 +14,6 @@ from capabilities.base import ActionContext, ErrorCode, StepFailure
 from capabilities.builtin import send_email
 from config.errors import ServiceError
 from tests.factories import member
-from tests.llm.conftest import llm  # noqa: F401 -- the scripted LLM server fixture
-from tests.llm_server import reply_text, reply_tool_call
 from workspaces.models import Role
 
 pytestmark = pytest.mark.django_db
@@ -37,18 +35,31 @@ def _definition(*steps, **extra) -> dict:
     return {"schema_version": "1.0", "name": "mail", "plan": list(steps), **extra}
 
 
-@pytest.mark.parametrize("sender", ["ceo@corp.example", "robot@corp.example.evil", "alerts@corp.example.",
-                                    "x@sub.notify.corp.example", "x@evilnotify.corp.example", "ROBOT@evil.example"])
+@pytest.mark.parametrize(
+    "sender",
+    [
+        "ceo@corp.example",
+        "robot@corp.example.evil",
+        "alerts@corp.example.",
+        "x@sub.notify.corp.example",
+        "x@evilnotify.corp.example",
+        "ROBOT@evil.example",
+    ],
+)
 def test_a_literal_sender_outside_the_allowed_ones_is_refused_at_save(workspace, owner, sender):
     with pytest.raises(ServiceError) as info:
         services.automation_create(workspace=workspace, definition=_definition(_email(sender)), user=owner)
 
     assert info.value.http_status == 400
-    assert [(e["path"], e["code"]) for e in info.value.errors] == [("/plan/0/config/from", "sender_not_allowed")]
+    assert [(e["path"], e["code"]) for e in info.value.errors] == [
+        ("/plan/0/config/from", "sender_not_allowed")
+    ]
 
 
-@pytest.mark.parametrize("sender", ["robot@corp.example", "ROBOT@corp.example", "alerts@corp.example",
-                                    "anyone@notify.corp.example"])
+@pytest.mark.parametrize(
+    "sender",
+    ["robot@corp.example", "ROBOT@corp.example", "alerts@corp.example", "anyone@notify.corp.example"],
+)
 def test_allowed_senders_are_saved_and_sent_from(workspace, owner, sender):
     services.automation_create(workspace=workspace, definition=_definition(_email(sender)), user=owner)
     ctx = ActionContext(run_id="r", step_id="mail", attempt=1, workspace_id=1, trace_id="t", idempotency_key="k",
@@ -65,7 +76,11 @@ def test_a_templated_sender_is_checked_at_run_and_nothing_is_sent(workspace, own
     automation = services.automation_create(workspace=workspace, definition=definition, user=owner)
     approver = member("approver", workspace, Role.APPROVER)
 
-    run = drive(services.run_create(automation=automation, inputs={"sender": "ceo@corp.example"}, user=operator).run.pk)
+    run = drive(
+        services.run_create(
+            automation=automation, inputs={"sender": "ceo@corp.example"}, user=operator
+        ).run.pk
+    )
     for approval in Approval.objects.filter(run_id=run.pk, status="pending"):  # send_email may be gated
         approval_decide(approval_id=approval.pk, user=approver, decision="approve")
         services.run_resume(run_id=str(run.pk))
@@ -83,25 +98,4 @@ def test_the_handler_refuses_a_sender_it_was_given_directly():
         send_email.ACTION.handler(ctx, _email("ceo@corp.example")["config"])
 
     assert info.value.code == ErrorCode.POLICY_VIOLATION
-    assert mail.outbox == []
-
-
-def test_an_agent_choosing_a_spoofed_sender_gets_a_policy_violation(llm, workspace, owner, operator, drive):
-    agent = {"step_id": "agent", "action": "agent_task", "output_as": "agent",
-             "config": {"prompt": "mail the team", "tools": ["send_email"]}}  # fmt: skip
-    automation = services.automation_create(workspace=workspace, user=owner,
-                                            definition=_definition(agent, execution={"autonomy": "A4"}))  # fmt: skip
-    approver = member("approver", workspace, Role.APPROVER)
-    args = {"to": ["a@example.com"], "subject": "s", "body": "b", "from": "ceo@corp.example"}
-    llm.script(reply_tool_call("send_email", args), reply_text("could not send"))
-
-    run = drive(services.run_create(automation=automation, inputs={}, user=operator).run.pk)
-    for approval in Approval.objects.filter(run_id=run.pk, status="pending"):
-        approval_decide(approval_id=approval.pk, user=approver, decision="approve")
-        services.run_resume(run_id=str(run.pk))
-        run = drive(run.pk)
-
-    assert run.status == "succeeded", run.error
-    tool_message = llm.requests[-1]["messages"][-1]
-    assert tool_message["role"] == "tool" and "POLICY_VIOLATION" in tool_message["content"]
     assert mail.outbox == []

@@ -6,6 +6,7 @@ included), and a caller's Host header is never sent."""
 from __future__ import annotations
 
 import pytest
+from django.core import mail
 
 from approvals.models import Approval
 from approvals.services import approval_decide
@@ -56,7 +57,12 @@ def test_a_denied_non_public_fetch_fails_the_step_and_fetches_nothing(llm, works
     automation = automation_with(workspace, owner, agent(tools=["core.http_get"]), autonomy="A4")
     llm.script(reply_tool_call("core_http_get", {"url": http_server.url + "/x"}))
     run = start(automation, operator, drive)
-    approval_decide(approval_id=Approval.objects.get(run_id=run.pk).pk, user=approver, decision="deny", reason="internal host")
+    approval_decide(
+        approval_id=Approval.objects.get(run_id=run.pk).pk,
+        user=approver,
+        decision="deny",
+        reason="internal host",
+    )
     services.run_resume(run_id=str(run.pk))
 
     run = drive(run.pk)
@@ -81,7 +87,9 @@ def test_an_unapproved_agent_fetch_reaches_public_addresses_only(http_server, se
 
     assert info.value.code == ErrorCode.POLICY_VIOLATION
     assert http_server.requests == []
-    assert http_request.ACTION.handler(_ctx(), {"url": http_server.url + "/y"}).ok  # a step's own URL: allowlisted
+    assert http_request.ACTION.handler(
+        _ctx(), {"url": http_server.url + "/y"}
+    ).ok  # a step's own URL: allowlisted
 
 
 @pytest.mark.parametrize("name", ["Host", "host", "HOST", " Host"])
@@ -97,10 +105,14 @@ def test_a_callers_host_header_is_never_sent(http_server, name):
     assert seen["headers"]["X-Keep"] == "1"
 
 
-def test_an_agent_tool_call_with_a_host_header_has_it_dropped(llm, workspace, owner, operator, drive, http_server):
+def test_an_agent_tool_call_with_a_host_header_has_it_dropped(
+    llm, workspace, owner, operator, drive, http_server
+):
     approver = member("approver", workspace, Role.APPROVER)
     automation = automation_with(workspace, owner, agent(tools=["core.http_get"]), autonomy="A4")
-    llm.script(reply_tool_call("core_http_get", {"url": http_server.url + "/h", "headers": {"Host": "metadata"}}))
+    llm.script(
+        reply_tool_call("core_http_get", {"url": http_server.url + "/h", "headers": {"Host": "metadata"}})
+    )
     run = start(automation, operator, drive)
     approval_decide(approval_id=Approval.objects.get(run_id=run.pk).pk, user=approver, decision="approve")
     services.run_resume(run_id=str(run.pk))
@@ -125,3 +137,34 @@ def test_an_http_request_definition_with_a_host_header_is_refused_at_save(worksp
     assert [(e["path"], e["code"]) for e in info.value.errors] == [
         (f"/plan/0/config/headers/{name}", "header_not_allowed")
     ]
+
+
+@pytest.fixture
+def senders(settings) -> None:
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    settings.DEFAULT_FROM_EMAIL = "robot@corp.example"
+    settings.AUTOPLANE_EMAIL_ALLOWED_FROM = []
+
+
+def test_an_agent_choosing_a_spoofed_sender_gets_a_policy_violation(
+    llm, workspace, owner, operator, drive, senders
+):
+    agent = {"step_id": "agent", "action": "agent_task", "output_as": "agent",
+             "config": {"prompt": "mail the team", "tools": ["send_email"]}}  # fmt: skip
+    automation = services.automation_create(workspace=workspace, user=owner,
+                                            definition={"schema_version": "1.0", "name": "mail", "plan": [agent], "execution": {"autonomy": "A4"}})  # fmt: skip
+    approver = member("approver", workspace, Role.APPROVER)
+    args = {"to": ["a@example.com"], "subject": "s", "body": "b", "from": "ceo@corp.example"}
+    llm.script(reply_tool_call("send_email", args), reply_text("could not send"))
+
+    run = drive(services.run_create(automation=automation, inputs={}, user=operator).run.pk)
+    for approval in Approval.objects.filter(run_id=run.pk, status="pending"):
+        approval_decide(approval_id=approval.pk, user=approver, decision="approve")
+        services.run_resume(run_id=str(run.pk))
+        run = drive(run.pk)
+
+    assert run.status == "succeeded", run.error
+    tool_message = llm.requests[-1]["messages"][-1]
+    assert tool_message["role"] == "tool"
+    assert "POLICY_VIOLATION" in tool_message["content"]
+    assert mail.outbox == []
