@@ -255,6 +255,9 @@ class ActionContext:
     idempotency_key: str
     timeout_seconds: float
     egress_allowlist: tuple[str, ...] = ()
+    # Public addresses only, whatever the allowlists say: an agent-chosen URL no human
+    # approved (automations.agent_tools), redirect hops included.
+    public_egress_only: bool = False
     # resolve_credential(name, destination=url | None, code_step=bool): checks the credential's
     # grants for that use (capabilities.grants) before it decrypts anything.
     resolve_credential: Callable[..., Any] | None = None

@@ -286,13 +286,28 @@ AUTOPLANE_RUN_RETENTION_BATCH = env.int("AUTOPLANE_RUN_RETENTION_BATCH", default
 
 AUTOPLANE_CREDENTIAL_KEYS = env.list("AUTOPLANE_CREDENTIAL_KEYS", default=[])
 AUTOPLANE_EGRESS_ALLOWLIST = env.list("AUTOPLANE_EGRESS_ALLOWLIST", default=[])
+# Hosts and CIDRs no step may reach whatever a workspace allowlists, on top of the built-in
+# deny-list (loopback, link-local and cloud metadata, the database and broker hosts); only
+# an AUTOPLANE_EGRESS_ALLOWLIST entry naming a denied host or address opens it
+# (docs/security.md, "Egress").
+AUTOPLANE_EGRESS_DENYLIST = env.list("AUTOPLANE_EGRESS_DENYLIST", default=[])
 AUTOPLANE_SANDBOX_BACKEND = env.str("AUTOPLANE_SANDBOX_BACKEND", default="bubblewrap")
+# "subprocess" runs code steps as the worker's user with no isolation; every process refuses
+# to start with it unless this says the deployment accepts that (development only).
+AUTOPLANE_SANDBOX_INSECURE = env.bool("AUTOPLANE_SANDBOX_INSECURE", default=False)
 # run_python/run_shell with "network": "allow" share the worker's network, loopback
 # included; refuse it unless the deployment has isolated its workers' network.
 AUTOPLANE_SANDBOX_ALLOW_NETWORK = env.bool("AUTOPLANE_SANDBOX_ALLOW_NETWORK", default=False)
 AUTOPLANE_BWRAP_PATH = env.str("AUTOPLANE_BWRAP_PATH", default="bwrap")
 if AUTOPLANE_SANDBOX_BACKEND not in ("bubblewrap", "subprocess"):
     raise ImproperlyConfigured("AUTOPLANE_SANDBOX_BACKEND must be 'bubblewrap' or 'subprocess'")
+if AUTOPLANE_SANDBOX_BACKEND == "subprocess" and not AUTOPLANE_SANDBOX_INSECURE:
+    # Every process (web, workers, beat, manage.py) stops here with this one line on stderr.
+    raise SystemExit(
+        "autoplane: AUTOPLANE_SANDBOX_BACKEND=subprocess runs code steps unisolated, as the worker's user "
+        "(its environment, data dir and keys readable); use bubblewrap (docs/sandbox.md) or set "
+        "AUTOPLANE_SANDBOX_INSECURE=true (development only)"
+    )
 
 # Failed webhook authentication (docs/security.md, "Failed webhook authentication"): counted
 # per fixed window; past the limit a client address gets 429 without its token being
@@ -406,6 +421,9 @@ LLM_PRICES = _llm_prices(env.list("LLM_PRICES", default=[]))
 
 EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="autoplane@localhost")
+# Senders a send_email step may set as "from" (comma-separated addresses, or "@example.com"
+# for a whole domain); DEFAULT_FROM_EMAIL is always allowed. Any other "from" is refused.
+AUTOPLANE_EMAIL_ALLOWED_FROM = env.list("AUTOPLANE_EMAIL_ALLOWED_FROM", default=[])
 EMAIL_HOST = env.str("EMAIL_HOST", default="localhost")
 EMAIL_PORT = env.int("EMAIL_PORT", default=25)
 

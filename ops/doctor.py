@@ -197,8 +197,11 @@ def check_sandbox() -> Iterator[Finding]:
                       "fail closed", "install bubblewrap (apt-get install bubblewrap), or allow user "
                       "namespaces in the container")  # fmt: skip
     elif backend.name != "bubblewrap":
-        yield Finding("sandbox", WARN, f"{backend.name}: code steps run without isolation",
-                      "AUTOPLANE_SANDBOX_BACKEND=bubblewrap in production")  # fmt: skip
+        production = not settings.DATABASE_IS_SQLITE
+        yield Finding("sandbox", FAIL if production else WARN,
+                      f"{backend.name} (AUTOPLANE_SANDBOX_INSECURE=true): code steps run without isolation, as "
+                      "the worker's user, and can read its data directory and keys",
+                      "AUTOPLANE_SANDBOX_BACKEND=bubblewrap (docs/sandbox.md, \"In Docker\")")  # fmt: skip
     else:
         yield Finding("sandbox", OK, "bubblewrap starts")
 

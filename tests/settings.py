@@ -24,6 +24,10 @@ os.environ.setdefault("CELERY_POLLING_INTERVAL", "0.02")
 # embedded setup does (workers inherit this environment and share the file).
 os.environ.setdefault("AUTOPLANE_SIGNING_KEY_AUTOGENERATE", "true")
 
+# The tests' local HTTP servers listen on loopback, which the egress deny-list closes to
+# every workspace allowlist: only the deployment's allowlist may open it (docs/security.md).
+os.environ.setdefault("AUTOPLANE_EGRESS_ALLOWLIST", "127.0.0.1")
+
 from config.settings import *  # noqa: E402, F403
 
 # Hashing passwords at full strength only slows the suite down.

@@ -16,7 +16,7 @@ from django.db import transaction
 from audit import writer
 from config.errors import InvalidArgument, ServiceError
 
-from . import api_tokens
+from . import api_tokens, denylist
 from .models import MAX_APPROVALS, Autonomy, Membership, Role, TokenScope, Workspace
 
 
@@ -93,12 +93,19 @@ def egress_allowlist_check(value: Any) -> list[str]:
                 ipaddress.ip_network(text.strip("[]"), strict=False)
                 valid = True
             except ValueError:
-                valid = len(text) <= 253 and bool(_HOST.match(text))
-        if valid:
-            clean.append(text)
-        else:
+                legacy = denylist.legacy_ipv4(text)  # "2130706433", "0x7f000001": the address they are
+                if legacy is not None:
+                    text, valid = str(legacy), True
+                else:
+                    valid = len(text) <= 253 and bool(_HOST.match(text))
+        if not valid:
             errors.append({"path": f"/egress_allowlist/{index}", "code": "invalid_host",
                            "message": f"{entry!r} is not a host name, an IP address or a CIDR"})  # fmt: skip
+        elif (reason := denylist.denied_entry(text)) is not None:
+            # Only the deployment's own settings may open what the platform denies.
+            errors.append({"path": f"/egress_allowlist/{index}", "code": "egress_denied", "message": reason})
+        else:
+            clean.append(text)
     if errors:
         raise InvalidArgument(errors)
     return clean

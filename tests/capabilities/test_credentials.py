@@ -235,7 +235,7 @@ def _oauth2(workspace, token_endpoint, **metadata):
 
 
 def test_oauth2_refreshes_a_missing_token_once_and_stores_it_encrypted(workspace, token_endpoint, settings):
-    settings.AUTOPLANE_EGRESS_ALLOWLIST = []
+    settings.AUTOPLANE_EGRESS_ALLOWLIST = ["127.0.0.1"]  # the local token endpoint: loopback, deny-listed
     _oauth2(workspace, token_endpoint)
 
     value, secrets = credentials.credential_resolve(workspace_id=workspace.id, name="oauth")
