@@ -14,7 +14,7 @@ from approvals.models import StandingApproval
 from audit.models import AuditEvent
 from automations.models import RunStatus
 from capabilities import credentials
-from tests.factories import audit_types, definition, http_step
+from tests.factories import audit_types, definition, harvest_approved, http_step
 from workspaces.services import workspace_update
 
 REFUNDS = [
@@ -259,8 +259,8 @@ def test_a_tool_of_an_mcp_server_whose_credential_always_asks_asks(drive, worksp
 
     token = credentials.credential_create(workspace=workspace, name="files-token", kind="bearer",
                                           secret={"token": "t-abcdef123456"}, approval_always=True)  # fmt: skip
-    mcp.mcp_harvest(mcp.mcp_server_create(workspace=workspace, slug="files", transport="http", url=mcp_http.url,
-                                          credential=token))  # fmt: skip
+    harvest_approved(mcp.mcp_server_create(workspace=workspace, slug="files", transport="http", url=mcp_http.url,
+                                           credential=token))  # fmt: skip
     document = tmp_path / "doc.txt"
     document.write_text("hello")
     read = {"step_id": "read", "action": "call_capability",

@@ -146,6 +146,7 @@ def test_a_process_configured_for_subprocess_refuses_to_start_without_the_flag(i
         assert done.stderr.strip().count("\n") == 0  # one line, no traceback
 
 
+@pytest.mark.django_db  # doctor also reads the workspaces (four-eyes advice)
 def test_check_deploy_and_doctor_flag_the_insecure_sandbox(settings):
     from django.core import checks
 
