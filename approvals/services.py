@@ -71,6 +71,26 @@ def _refs(approval: Approval) -> dict[str, str]:
     }
 
 
+# The engine registers, in its AppConfig.ready, how to publish a domain event: approval.decided and
+# approval.expired are usable as event triggers, and approvals never import the engine.
+_decision_listener: list[Callable[..., Any]] = []
+
+
+def register_decision_listener(listener: Callable[..., Any]) -> None:
+    _decision_listener[:] = [listener]
+
+
+def _announce(approval: Approval, event_type: str, **payload: Any) -> None:
+    if _decision_listener:
+        _decision_listener[0](
+            workspace_id=approval.workspace_id, event_type=event_type, source="approvals",
+            payload={"approval_id": str(approval.pk), "run_id": str(approval.run_id),
+                     "automation_id": str(approval.automation_id), "automation_name": approval.automation_name,
+                     "step_id": approval.step_id, "risk": approval.risk, **payload},
+            trace_id=approval.trace_id,
+        )  # fmt: skip
+
+
 def _resume_on_commit(run_id: Any, reason: str) -> None:
     run, why = str(run_id), reason
     transaction.on_commit(lambda: app.send_task(RESUME_TASK, args=[run, why], ignore_result=True))
@@ -142,6 +162,7 @@ def approval_decide(*, approval_id: Any, user, decision: str, reason: str = "", 
             workspace_id=approval.workspace_id, actor=actor, refs=_refs(approval),
             payload={"via": via, "reason": reason[:1000]},
         )  # fmt: skip
+        _announce(approval, "approval.decided", decision="denied", decided_by=[user.get_username()])
         _resume_on_commit(approval.run_id, "approval denied")
     else:
         approvals = approval.decisions.filter(decision=Decision.APPROVE).count()
@@ -161,6 +182,8 @@ def approval_decide(*, approval_id: Any, user, decision: str, reason: str = "", 
                          "plan_hash": approval.plan_hash, "key_id": tokens.decode(token)[1]["kid"]},
                 secrets=[token],
             )  # fmt: skip
+            _announce(approval, "approval.decided", decision="approved",
+                      decided_by=list(approval.decisions.values_list("user__username", flat=True)))  # fmt: skip
             _resume_on_commit(approval.run_id, "approval granted")
         else:
             writer.append(
@@ -206,6 +229,7 @@ def approvals_expire(*, now: datetime | None = None) -> dict[str, int]:
                 summary=f"{approval.step_id}: the approval expired undecided", workspace_id=approval.workspace_id,
                 refs=_refs(approval), payload={"expires_at": approval.expires_at.isoformat()},
             )  # fmt: skip
+            _announce(approval, "approval.expired", expires_at=approval.expires_at.isoformat())
             _resume_on_commit(approval.run_id, "approval expired")
             expired += 1
     unsettled = Approval.objects.filter(
@@ -349,8 +373,10 @@ def standing_approval_revoke(*, standing_id: Any, user) -> StandingApproval:
 
 
 def approval_link_create(*, approval: Approval, user) -> str:
-    """A one-click approve link for ``user`` (the URL path): HMAC-signed with SECRET_KEY, bound to
-    this approval and this approver, expiring with the approval (at most 24 h), usable once."""
+    """A one-click approve link for ``user`` (a path with the token in its fragment): HMAC-signed
+    with SECRET_KEY, bound to this approval and this approver, expiring with the approval (at most
+    24 h), usable once. The token never sits in the URL's path or query, which access logs, traces
+    and proxies record: a browser does not send the fragment; the page's own script POSTs it."""
     if not has_permission(user, approval.workspace_id, Permission.APPROVE):
         raise ApprovalError("PERMISSION_DENIED", "your role in this workspace does not allow approving", 403)
     if approval.status != ApprovalStatus.PENDING:
@@ -367,7 +393,7 @@ def approval_link_create(*, approval: Approval, user) -> str:
             workspace_id=approval.workspace_id, actor=writer.actor_for(user), refs=_refs(approval),
             payload={"expires_at": expires.isoformat()}, secrets=[token],
         )  # fmt: skip
-    return reverse("approval-link", kwargs={"token": token})
+    return f"{reverse('approval-link')}#{token}"
 
 
 def approval_link_read(token: str) -> tuple[Approval, Any, str]:

@@ -22,6 +22,7 @@ from decimal import Decimal
 from approvals import gate as approval_gates
 from approvals import policy
 from capabilities.base import Envelope, ErrorCode
+from notifications import services as notices
 
 from . import events
 from .models import Automation, Run, StepRun
@@ -120,4 +121,7 @@ def approval_verdict(
             },
             trace_id=run.trace_id, chain_depth=run.chain_depth + 1, parent_run_id=str(run.pk),
         )  # fmt: skip
+        notices.approval_requested(
+            approval_id=verdict.approval_id, step=prepared.step, execution=run.snapshot.get("execution")
+        )
     return verdict

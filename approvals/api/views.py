@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.conf import settings
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
@@ -82,7 +83,8 @@ class ApprovalLink(APIView):
     def post(self, request, pk):
         approval = get_object_or_404(selectors.approvals_visible_to(request.user), pk=pk)
         path = services.approval_link_create(approval=approval, user=request.user)
-        return Response({"url": request.build_absolute_uri(path)}, status=201)
+        # The token is in the URL's fragment, never its path or query (see approvals/views.py).
+        return Response({"url": settings.AUTOPLANE_PUBLIC_URL.rstrip("/") + path}, status=201)
 
 
 class StandingApprovalList(generics.ListAPIView):
