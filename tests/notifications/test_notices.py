@@ -92,11 +92,15 @@ def test_every_eligible_approver_is_emailed_and_the_webhook_is_signed(
     ]
     message = smtp.messages[0]
     body = message.get_payload(decode=True).decode()
-    assert "deploy" in message["Subject"] and "create_item" in message["Subject"]
-    assert "medium" in body and parked.approval.why in body and target_url(parked) in body
+    assert "deploy" in message["Subject"]
+    assert "create_item" in message["Subject"]
+    assert "medium" in body
+    assert parked.approval.why in body
+    assert target_url(parked) in body
     assert parked.approval.expires_at.isoformat() in body
     link = _link(message)
-    assert "?" not in link and link.split("#")[0].endswith("/approvals/link/")
+    assert "?" not in link
+    assert link.split("#")[0].endswith("/approvals/link/")
 
     ((method, headers, raw),) = receiver.requests("/approvals")
     assert method == "POST"
@@ -268,7 +272,8 @@ def test_a_channel_that_keeps_failing_is_marked_failing_on_the_admin_home(
     client.force_login(people.owner)
     home = client.get("/admin/").content.decode()
     assert 'id="failing-channels"' in home
-    assert "hook" in home and "HTTP 500" in home
+    assert "hook" in home
+    assert "HTTP 500" in home
 
 
 def test_the_egress_guard_refuses_at_send_time_too(people, receiver, queued, park):
