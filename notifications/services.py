@@ -715,11 +715,12 @@ def notifications_sweep(*, now: datetime | None = None) -> dict[str, int]:
                     fan_out(approval, Notice.ESCALATION, extra=watch.escalate_to)
                     _publish(approval, "approval.escalated", {"escalate_to": list(watch.escalate_to)})
                     counts["escalated"] += 1
+    clock = timezone.now()  # the wall clock: a message is lost after RESEND_AFTER of real time
     stale = Delivery.objects.filter(
-        status=DeliveryStatus.PENDING, updated_at__lte=now - RESEND_AFTER, attempts__lt=MAX_ATTEMPTS
+        status=DeliveryStatus.PENDING, updated_at__lte=clock - RESEND_AFTER, attempts__lt=MAX_ATTEMPTS
     )
     for pk in stale.values_list("pk", flat=True)[:SWEEP_BATCH]:
-        Delivery.objects.filter(pk=pk).update(updated_at=now)
+        Delivery.objects.filter(pk=pk).update(updated_at=clock)
         send(str(pk))
         counts["resent"] += 1
     return counts
