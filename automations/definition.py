@@ -44,6 +44,8 @@ _APPROVAL_NOTICES = {
         "remind_every_seconds": {"type": "integer", "minimum": 60, "maximum": 30 * 86400},
         "escalate_after_seconds": {"type": "integer", "minimum": 60, "maximum": 30 * 86400},
         "escalate_to": _RECIPIENTS,
+        "on_expiry": {"enum": ["fail", "re_request"]},
+        "max_re_requests": {"type": "integer", "minimum": 1, "maximum": 10},
     },
 }
 

@@ -111,6 +111,8 @@ def approval_verdict(
         run, step_run, autonomy=autonomy, last_editor_id=automation["updated_by_id"], step_key=step_key
     )
     verdict = approval_gates.check_step(request)
+    if verdict.status == "expired":  # on_expiry: re_request asks again, bound to the plan as rendered now
+        verdict = notices.re_request(request, prepared.step, run.snapshot.get("execution")) or verdict
     if verdict.created:
         events.publish(
             workspace_id=run.workspace_id, event_type="approval.requested", source="approvals",

@@ -35,6 +35,7 @@ from django.urls import reverse
 from django.utils import timezone
 from standardwebhooks import Webhook
 
+from approvals import gate as approval_gates
 from approvals import services as approval_services
 from approvals.models import Approval, ApprovalStatus
 from audit import writer
@@ -71,7 +72,8 @@ EVENT_TYPES = {
     Notice.ESCALATION: "approval.escalated",
 }
 APPROVAL_SETTINGS = ("notify", "remind_after_seconds", "remind_every_seconds", "escalate_after_seconds",
-                     "escalate_to")  # fmt: skip
+                     "escalate_to", "on_expiry", "max_re_requests")  # fmt: skip
+DEFAULT_MAX_RE_REQUESTS = 1
 
 
 class NotificationError(ServiceError):
@@ -337,6 +339,17 @@ def approval_settings(step: Mapping[str, Any], execution: Mapping[str, Any] | No
     for source in ((execution or {}).get("approval") or {}, step.get("approval") or {}):
         merged.update({k: v for k, v in source.items() if k in APPROVAL_SETTINGS})
     return merged
+
+
+def re_request(request: Any, step: Mapping[str, Any], execution: Mapping[str, Any] | None) -> Any:
+    """The step's approval expired: with ``on_expiry: re_request`` (and re-requests left) a new
+    approval, whose notices go out as for the first (the caller sees ``created``); else None."""
+    config = approval_settings(step, execution)
+    if config.get("on_expiry") != "re_request":
+        return None
+    return approval_gates.request_again(
+        request, max_re_requests=int(config.get("max_re_requests", DEFAULT_MAX_RE_REQUESTS))
+    )
 
 
 def approval_requested(

@@ -159,3 +159,31 @@ def test_a_lost_delivery_message_is_sent_again(people, watched, queued, sweep):
 
     assert counts["resent"] == Delivery.objects.count()
     assert len(queued.deliveries()) == counts["resent"]
+
+
+def test_on_expiry_re_request_asks_again_then_fails(drive, people, emails, queued, park, smtp,  # noqa: F811
+                                                    django_capture_on_commit_callbacks):  # fmt: skip
+    _email_channel(people, to=["alice@acme.example"])
+    parked = park(approval={"on_expiry": "re_request", "max_re_requests": 1})
+    queued.deliver_all()
+    first = parked.approval
+
+    approvals_expire(now=first.expires_at + timedelta(seconds=1))
+    with django_capture_on_commit_callbacks(execute=True):
+        run = drive.resume(parked.run)
+
+    assert run.status == "awaiting_approval"
+    second = drive.approval(run)
+    assert second.pk != first.pk
+    assert second.status == "pending"
+    assert second.plan_hash == first.plan_hash  # the same rendered step, hashed afresh
+    first.refresh_from_db()
+    assert first.status == "expired"
+    assert queued.deliver_all()
+    assert len(smtp.messages) == 2
+    assert DomainEvent.objects.filter(event_type="approval.requested").count() == 2
+
+    approvals_expire(now=second.expires_at + timedelta(seconds=1))
+    run = drive.resume(run)
+    assert run.status == "failed"
+    assert drive.step(run, "create_item").error_code == "APPROVAL_EXPIRED"
