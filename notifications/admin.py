@@ -39,11 +39,14 @@ class ChannelForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         self.request = request
         if self.instance.pk:
-            self.fields["to_text"].initial = "\n".join(self.instance.to or [])
-            self.fields["url_text"].help_text += " — leave empty to keep the current one"
+            if "to_text" in self.fields:
+                self.fields["to_text"].initial = "\n".join(self.instance.to or [])
+            if "url_text" in self.fields:
+                self.fields["url_text"].help_text += " — leave empty to keep the current one"
             for name in ("workspace", "kind"):
-                self.fields[name].disabled = True
-        elif request is not None and not request.user.is_superuser:
+                if name in self.fields:
+                    self.fields[name].disabled = True
+        elif request is not None and not request.user.is_superuser and "workspace" in self.fields:
             workspace_field = self.fields["workspace"]
             assert isinstance(workspace_field, forms.ModelChoiceField)
             workspace_field.queryset = workspaces_for(request.user, Permission.ADMINISTER)
