@@ -132,7 +132,7 @@ def approval_decide(*, approval_id: Any, user, decision: str, reason: str = "", 
     """Record ``user``'s approve/deny. Exactly one outcome wins under concurrency: the row is
     locked (``select_for_update``; SQLite serialises writers) and every status change is a
     conditional UPDATE on ``status='pending'``."""
-    if decision not in Decision.values:
+    if decision not in (Decision.APPROVE, Decision.DENY):
         raise ApprovalError("INVALID_ARGUMENT", "decision must be approve or deny")
     reason = (reason or "").strip()
     approval = Approval.objects.select_for_update().filter(pk=approval_id).first()
@@ -142,6 +142,8 @@ def approval_decide(*, approval_id: Any, user, decision: str, reason: str = "", 
         raise ApprovalError("PERMISSION_DENIED", "your role in this workspace does not allow approving", 403)
     if decision == Decision.DENY and not reason:
         raise ApprovalError("INVALID_ARGUMENT", "a reason is required to deny")
+    if decision == Decision.APPROVE and approval.action == QUESTION_ACTION:
+        raise ApprovalError("INVALID_ARGUMENT", 'this is a question: answer it ("decision": "answer")')
     now = timezone.now()
     refusal = approval_decide_refusal(approval=approval, user=user, now=now)
     if refusal is not None:
@@ -198,6 +200,97 @@ def approval_decide(*, approval_id: Any, user, decision: str, reason: str = "", 
     return approval
 
 
+# --- ask_human: answering a question -------------------------------------------------------
+
+QUESTION_ACTION = "ask_human"
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b  # True is not 1
+
+
+def _check_answer(question: Any, value: Any, freetext: Any) -> None:
+    """400 INVALID_ARGUMENT unless (value, freetext) is an answer the question allows."""
+    question = question if isinstance(question, dict) else {}
+    options = [o.get("value") for o in question.get("options") or () if isinstance(o, dict)]
+    schema = question.get("input_schema")
+    if freetext not in (None, "") and not isinstance(freetext, str):
+        raise ApprovalError("INVALID_ARGUMENT", "freetext must be a string")
+    if freetext and not question.get("allow_freetext"):
+        raise ApprovalError("INVALID_ARGUMENT", "this question does not take free text")
+    if freetext and len(freetext) > 10_000:
+        raise ApprovalError("INVALID_ARGUMENT", "freetext is at most 10000 characters")
+    if value is None:
+        if not freetext:
+            raise ApprovalError("INVALID_ARGUMENT", "give a value (one of the options) or free text")
+        if options or schema is not None:
+            raise ApprovalError("INVALID_ARGUMENT", "give a value: one of the options offered")
+        return
+    if options and not any(_same(value, option) for option in options):
+        raise ApprovalError("INVALID_ARGUMENT", "that value is not one of the options offered")
+    if isinstance(schema, dict):
+        try:
+            error = next(iter(Draft202012Validator(schema).iter_errors(value)), None)
+        except SchemaError:
+            error = None
+        if error is not None:
+            raise ApprovalError(
+                "INVALID_ARGUMENT", f"the value does not match the input schema: {error.message[:200]}"
+            )
+    elif not options:
+        raise ApprovalError("INVALID_ARGUMENT", "this question takes free text only")
+
+
+def _answer(approval: Approval, *, answer: dict[str, Any], now: datetime, actor: str, type: str,
+            summary: str, via: str) -> None:  # fmt: skip
+    token = tokens.mint(
+        approval_id=str(approval.pk), run_id=str(approval.run_id), step_key=approval.step_key,
+        plan_hash=approval.plan_hash, nonce=secrets.token_urlsafe(24), exp=max(approval.expires_at, now + TOKEN_MIN_TTL),
+    )  # fmt: skip
+    _transition(approval, status=ApprovalStatus.APPROVED, decided_at=now, token=token, answer=answer)
+    writer.append(
+        trace_id=approval.trace_id, type=type, outcome=Outcome.SUCCESS, stage="approval", summary=summary[:500],
+        workspace_id=approval.workspace_id, actor=actor, refs=_refs(approval),
+        payload={"via": via, **answer, "plan_hash": approval.plan_hash}, secrets=[token],
+    )  # fmt: skip
+    _announce(approval, "approval.decided", decision="answered", value=answer["value"],
+              decided_by=[answer["decided_by"]] if answer["decided_by"] else [], timed_out=answer["timed_out"])  # fmt: skip
+    _resume_on_commit(approval.run_id, "question answered")
+
+
+@transaction.atomic
+def approval_answer(
+    *, approval_id: Any, user, value: Any = None, freetext: Any = "", via: str = "api"
+) -> Approval:
+    """Answer an ``ask_human`` question: one answer decides it (roles and four-eyes as for approving).
+    A value not offered, free text the question does not take, or a value failing its input schema
+    is a 400 and records nothing."""
+    approval = Approval.objects.select_for_update().filter(pk=approval_id).first()
+    if approval is None:
+        raise ApprovalError("NOT_FOUND", "approval not found", 404)
+    if not has_permission(user, approval.workspace_id, Permission.APPROVE):
+        raise ApprovalError("PERMISSION_DENIED", "your role in this workspace does not allow approving", 403)
+    if approval.action != QUESTION_ACTION:
+        raise ApprovalError("INVALID_ARGUMENT", "this approval is not a question: approve or deny it")
+    now = timezone.now()
+    refusal = approval_decide_refusal(approval=approval, user=user, now=now)
+    if refusal is not None:
+        raise refusal
+    _check_answer(approval.what, value, freetext)
+    freetext = freetext or ""
+    try:
+        with transaction.atomic():
+            ApprovalDecision.objects.create(approval=approval, user=user, decision=Decision.ANSWER,
+                                            reason=freetext[:2000], via=via)  # fmt: skip
+    except IntegrityError:
+        raise ApprovalError("CONFLICT", "you have already decided on this approval", 409)
+    answer = {"value": value, "freetext": freetext, "decided_by": user.get_username(), "timed_out": False}
+    _answer(approval, answer=answer, now=now, actor=writer.actor_for(user), type="approval.answered",
+            summary=f"{approval.step_id}: answered {value!r} by {user.get_username()}", via=via)  # fmt: skip
+    approval.refresh_from_db()
+    return approval
+
+
 def _transition(approval: Approval, **fields: Any) -> None:
     updated = Approval.objects.filter(pk=approval.pk, status=ApprovalStatus.PENDING).update(**fields)
     if not updated:
@@ -222,6 +315,19 @@ def approvals_expire(*, now: datetime | None = None) -> dict[str, int]:
                 Approval.objects.select_for_update().filter(pk=pk, status=ApprovalStatus.PENDING).first()
             )
             if approval is None or approval.expires_at > now:
+                continue
+            question = approval.what if isinstance(approval.what, dict) else {}
+            if approval.action == QUESTION_ACTION and "on_timeout" in question:
+                answer = {
+                    "value": question["on_timeout"],
+                    "freetext": "",
+                    "decided_by": None,
+                    "timed_out": True,
+                }
+                _answer(approval, answer=answer, now=now, actor="system", type="approval.answer_timed_out",
+                        summary=f"{approval.step_id}: nobody answered in time; took {question['on_timeout']!r}",
+                        via="timeout")  # fmt: skip
+                expired += 1
                 continue
             _transition(approval, status=ApprovalStatus.EXPIRED, decided_at=now)
             writer.append(

@@ -560,7 +560,8 @@ def _post(workspace: Workspace, url: str, body: bytes, headers: Mapping[str, str
 def _deliver(approval: Approval, delivery: Delivery) -> None:
     if delivery.kind == ChannelKind.EMAIL:
         link = None
-        if delivery.user is not None:
+        # A question is answered in the admin or the API: the one-click link only approves.
+        if delivery.user is not None and approval.action != approval_services.QUESTION_ACTION:
             link = public_url(approval_services.approval_link_create(approval=approval, user=delivery.user))
         message = email_message(approval, delivery, link)
         try:
