@@ -129,6 +129,7 @@ def main() -> None:
         workers.wait_ready()
         for _ in range(args.approvals):
             run = services.run_create(automation=automation, inputs={}, user=author).run
+            assert run is not None
             executor.execute_run(str(run.pk))
             approval = Approval.objects.filter(run_id=run.pk).values_list("pk", flat=True).first()
             if approval is not None:
