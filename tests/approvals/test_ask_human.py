@@ -177,3 +177,31 @@ def test_roles_and_four_eyes_apply(people, asked):
 def test_malformed_questions_are_refused_on_save(drive, people, config):
     with pytest.raises(ServiceError):
         drive.automation(definition({"step_id": "q", "action": "ask_human", "config": config}))
+
+
+def test_an_approver_answers_in_the_admin(drive, people, asked):
+    from django.test import Client
+
+    run, approval = asked
+    people.alice.is_staff = True
+    people.alice.save(update_fields=["is_staff"])
+    from django.contrib.auth.models import Permission as AuthPermission
+
+    people.alice.user_permissions.add(AuthPermission.objects.get(codename="view_approval"))
+    client = Client()
+    client.force_login(people.alice)
+    page = client.get(f"/admin/approvals/approval/{approval.pk}/change/").content.decode()
+    assert 'id="answer-form"' in page
+    assert "Ship the release?" in page
+    assert "Ship now" in page
+    assert 'id="approve-button"' not in page  # a question is answered, not approved
+
+    client.post(f"/admin/approvals/approval/{approval.pk}/answer/", {"option": "0", "freetext": "ok"})
+
+    assert Approval.objects.get(pk=approval.pk).answer == {"value": "now", "freetext": "ok", "decided_by": "alice",
+                                                           "timed_out": False}  # fmt: skip
+    assert (
+        'id="approval-answer"'
+        in client.get(f"/admin/approvals/approval/{approval.pk}/change/").content.decode()
+    )
+    assert drive.resume(run).status == "succeeded"
