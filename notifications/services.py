@@ -357,7 +357,21 @@ def re_request(request: Any, step: Mapping[str, Any], execution: Mapping[str, An
 def approval_requested(
     *, approval_id: Any, step: Mapping[str, Any], execution: Mapping[str, Any] | None
 ) -> int:
-    """The engine's gate created ``approval_id``: remember its reminder plan and queue the first notice."""
+    """The engine's gate created ``approval_id``: remember its reminder plan and queue the first notice.
+
+    Never fails the gate: a problem here (in its own savepoint) is logged, and the approval waits as
+    it would without channels."""
+    try:
+        with transaction.atomic():
+            return _approval_requested(approval_id, step, execution)
+    except Exception:
+        logger.exception("could not queue the notices of approval %s", approval_id)
+        return 0
+
+
+def _approval_requested(
+    approval_id: Any, step: Mapping[str, Any], execution: Mapping[str, Any] | None
+) -> int:
     approval = Approval.objects.filter(pk=approval_id).first()
     if approval is None:
         return 0

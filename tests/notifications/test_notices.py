@@ -310,3 +310,16 @@ def test_an_smtp_server_that_is_down_is_retried(people, emails, smtp, queued, pa
     (delivery_id,) = queued.deliveries()
     assert services.delivery_attempt(delivery_id) == "retry"
     assert Delivery.objects.get(pk=delivery_id).last_error
+
+
+def test_a_broken_channel_never_fails_the_gate(people, emails, queued, park, monkeypatch):
+    _email_channel(people)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("resolver bug")
+
+    monkeypatch.setattr(services, "resolve_targets", broken)
+    parked = park()  # asserts the run parked
+
+    assert parked.approval.status == ApprovalStatus.PENDING
+    assert queued.deliveries() == []
