@@ -46,3 +46,19 @@ def test_the_admin_refuses_a_private_url_and_non_admins(people):
                                   "to_text": "a@b.example", "enabled": "on"})  # fmt: skip
     assert refused.status_code in (200, 403)
     assert not Channel.objects.exists()
+
+
+def test_delete_selected_is_an_admins_and_audited(people, receiver):
+    from audit.models import AuditEvent
+    from notifications.services import channel_create
+
+    channel, _ = channel_create(workspace=people.workspace, user=people.owner, kind="webhook", name="w",
+                                url=receiver.url("/del"))  # fmt: skip
+    body = {"action": "delete_selected", "_selected_action": [channel.pk], "post": "yes"}
+
+    _staff(people.alice).post("/admin/notifications/channel/", body)
+    assert Channel.objects.filter(pk=channel.pk).exists()  # an approver may not
+
+    _staff(people.owner).post("/admin/notifications/channel/", body)
+    assert not Channel.objects.filter(pk=channel.pk).exists()
+    assert AuditEvent.objects.filter(type="notification.channel.deleted", actor="user:owner").count() == 1
