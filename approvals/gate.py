@@ -400,3 +400,23 @@ def _audit(request: GateRequest, type: str, summary: str, outcome: str = Outcome
         payload=extra.pop("payload", {}),
         secrets=extra.pop("secrets", ()),
     )  # fmt: skip
+
+
+def request_again(request: GateRequest, *, max_re_requests: int) -> Verdict | None:
+    """``on_expiry: re_request`` (issue 30): after an expiry, a new approval for the step, bound to the
+    plan hash computed now; None once the step has expired ``max_re_requests`` + 1 times."""
+    with transaction.atomic():
+        expired = Approval.objects.filter(
+            run_id=request.run_id, step_key=request.step_key, status=ApprovalStatus.EXPIRED
+        ).count()
+        if expired > max_re_requests:
+            return None
+        try:
+            with transaction.atomic():
+                verdict = _create(request, timezone.now())
+        except IntegrityError:  # another process asked again first: that approval is the live one
+            return None
+        _audit(request, "approval.re_requested", f"{request.step_id}: the approval expired; asked again "
+               f"({expired} of {max_re_requests})", refs={"approval": str(verdict.approval_id)},
+               payload={"plan_hash": request.plan_hash, "re_requests": expired})  # fmt: skip
+    return verdict

@@ -18,6 +18,8 @@ from jsonschema import Draft202012Validator
 from capabilities import json_schema, registry
 from capabilities.base import ActionDefinition, Capability, Risk, SideEffect
 from capabilities.grants import Grant
+from config.errors import InvalidArgument
+from notifications import services as notices
 
 from .expressions import template
 from .expressions.filter_grammar import FILTER_SCHEMA, validate_filter
@@ -32,6 +34,23 @@ MIN_SCHEDULE_INTERVAL_SECONDS = 60
 MAX_DEFINITION_BYTES = 512 * 1024
 
 _IDENT = "^[a-zA-Z][a-zA-Z0-9_-]{0,63}$"
+
+# Who is told about a step's approval beyond the workspace's channels, and when they are reminded
+# and escalated to (notifications/; a step's own settings win over ``execution.approval``).
+_RECIPIENTS = {"type": "array", "maxItems": 50, "items": {"type": "string", "minLength": 1, "maxLength": 320}}
+_APPROVAL_NOTICES = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "notify": _RECIPIENTS,
+        "remind_after_seconds": {"type": "integer", "minimum": 60, "maximum": 30 * 86400},
+        "remind_every_seconds": {"type": "integer", "minimum": 60, "maximum": 30 * 86400},
+        "escalate_after_seconds": {"type": "integer", "minimum": 60, "maximum": 30 * 86400},
+        "escalate_to": _RECIPIENTS,
+        "on_expiry": {"enum": ["fail", "re_request"]},
+        "max_re_requests": {"type": "integer", "minimum": 1, "maximum": 10},
+    },
+}
 
 _STEP = {
     "type": "object",
@@ -51,6 +70,7 @@ _STEP = {
         "approvals_required": {"type": "integer", "minimum": 1, "maximum": 5},
         # Argument rules of this step's own (expressions/policy_rules.py), checked by _Checker.
         "policy": {"type": "array"},
+        "approval": _APPROVAL_NOTICES,
     },
 }
 
@@ -152,6 +172,7 @@ DEFINITION_SCHEMA: dict[str, Any] = {
                 "budget_cap_usd": {"type": "number", "minimum": 0},
                 "autonomy": {"enum": ["A0", "A1", "A2", "A3", "A4"]},
                 "approval_timeout_seconds": {"type": "integer", "minimum": 60, "maximum": 30 * 86400},
+                "approval": _APPROVAL_NOTICES,
                 "on_failure": {"type": "array", "maxItems": 10, "items": {"$ref": "#/$defs/step"}},
             },
         },
@@ -278,6 +299,8 @@ class _Checker:
             self.check_config(step, path, known)
             if "policy" in step:
                 self.issues += rule_issues(step["policy"], path + "/policy")
+            if "approval" in step:
+                self.check_approval_notices(step["approval"], path + "/approval")
             name = step.get("output_as")
             if name:
                 if name in RESERVED_NAMES:
@@ -286,6 +309,22 @@ class _Checker:
                     self.add(path + "/output_as", "duplicate_output", f"'{name}' is already bound")
                 known = known | {name}
         return known
+
+    def check_approval_notices(self, settings: Mapping[str, Any], path: str) -> None:
+        """Recipients are e-mail addresses, ``role:<role>`` or usernames (notifications.services)."""
+        for field in ("notify", "escalate_to"):
+            if field in settings:
+                try:
+                    notices.check_targets(settings[field], f"{path}/{field}", usernames=True)
+                except InvalidArgument as exc:
+                    for error in exc.errors or ():
+                        self.add(error["path"], "invalid_recipient", error["message"])
+        if "remind_every_seconds" in settings and "remind_after_seconds" not in settings:
+            self.add(
+                path + "/remind_every_seconds",
+                "missing_field",
+                "remind_every_seconds needs remind_after_seconds",
+            )
 
     def check_config(self, step: Mapping[str, Any], path: str, known: set[str]) -> None:
         action = registry.get_action(step["action"])
@@ -458,6 +497,9 @@ def validate_definition(
     on_failure = (definition.get("execution") or {}).get("on_failure") or []
     checker.check_steps(on_failure, "/execution/on_failure", known, seen_ids, final=True)
     checker.check_execution()
+    approval = (definition.get("execution") or {}).get("approval")
+    if approval is not None:
+        checker.check_approval_notices(approval, "/execution/approval")
     return checker.issues
 
 

@@ -27,6 +27,7 @@ from typing import Any
 from approvals import gate as approval_gates
 from approvals import policy
 from capabilities.base import Envelope, ErrorCode
+from notifications import services as notices
 
 from . import events, gate_policies
 from .models import Automation, Run, StepRun
@@ -139,6 +140,8 @@ def approval_verdict(
         constraint_subject=constraint_subject, extra=extra, asked_because=asked_because,
     )  # fmt: skip
     verdict = approval_gates.check_step(request)
+    if verdict.status == "expired":  # on_expiry: re_request asks again, bound to the plan as rendered now
+        verdict = notices.re_request(request, prepared.step, run.snapshot.get("execution")) or verdict
     if verdict.created:
         events.publish(
             workspace_id=run.workspace_id, event_type="approval.requested", source="approvals",
@@ -149,4 +152,7 @@ def approval_verdict(
             },
             trace_id=run.trace_id, chain_depth=run.chain_depth + 1, parent_run_id=str(run.pk),
         )  # fmt: skip
+        notices.approval_requested(
+            approval_id=verdict.approval_id, step=prepared.step, execution=run.snapshot.get("execution")
+        )
     return verdict

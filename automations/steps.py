@@ -91,8 +91,10 @@ class PreparedStep:
                 self.step.get("approvals_required", self.config.get("approvals_required", 1)),
                 run.workspace.min_approvals,
             ),
+            # A human checkpoint's own timeout (ask_human's timeout_seconds) wins over the run's.
             expires_in_seconds=int(
-                execution.get("approval_timeout_seconds", DEFAULT_APPROVAL_TIMEOUT_SECONDS)
+                (self.action.always_asks_human and self.config.get("timeout_seconds"))
+                or execution.get("approval_timeout_seconds", DEFAULT_APPROVAL_TIMEOUT_SECONDS)
             ),
             trace_id=run.trace_id,
         )

@@ -273,6 +273,8 @@ class ActionContext:
     # resolved during this call is appended here by the resolver).
     secrets: list[str] = field(default_factory=list)
     preview: bool = False
+    # ask_human: the answer to this step's question ({value, freetext, decided_by, timed_out}), or None.
+    human_answer: Callable[[], Mapping[str, Any] | None] | None = None
     # The configured LLM client (raises LLM_NOT_CONFIGURED when there is none).
     resolve_llm: Callable[[], Any] | None = None
     # Every cost a handler incurs is charged here; the run's budget is checked on each charge.

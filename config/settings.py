@@ -92,6 +92,7 @@ INSTALLED_APPS = [
     "workspaces",
     "capabilities",
     "approvals",
+    "notifications",
     "automations",
     "triggers",
     "mcpserver",
@@ -426,6 +427,23 @@ DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="autoplane@localhost"
 AUTOPLANE_EMAIL_ALLOWED_FROM = env.list("AUTOPLANE_EMAIL_ALLOWED_FROM", default=[])
 EMAIL_HOST = env.str("EMAIL_HOST", default="localhost")
 EMAIL_PORT = env.int("EMAIL_PORT", default=25)
+EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
+EMAIL_HOST_PASSWORD = env.str("EMAIL_HOST_PASSWORD", default="")
+EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
+EMAIL_USE_SSL = env.bool("EMAIL_USE_SSL", default=False)
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    raise ImproperlyConfigured("EMAIL_USE_TLS (STARTTLS) and EMAIL_USE_SSL (implicit TLS) exclude each other")
+EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=10)
+
+# --- Notifications (approval notices: notifications/) ------------------------
+# The address people reach the platform at: the links in notices are built on it.
+AUTOPLANE_PUBLIC_URL = env.str("AUTOPLANE_PUBLIC_URL", default="http://localhost:8000")
+# Each try of a Slack or webhook delivery gives up after this many seconds (then retried).
+AUTOPLANE_NOTIFY_TIMEOUT_SECONDS = env.float("AUTOPLANE_NOTIFY_TIMEOUT_SECONDS", default=5.0)
+# The first retry's delay in seconds; each next one doubles (at most 5 attempts).
+AUTOPLANE_NOTIFY_RETRY_SECONDS = env.float("AUTOPLANE_NOTIFY_RETRY_SECONDS", default=10.0)
+# How often beat looks for reminders and escalations that are due.
+AUTOPLANE_NOTIFY_SWEEP_SECONDS = env.float("AUTOPLANE_NOTIFY_SWEEP_SECONDS", default=15.0)
 
 # --- REST API --------------------------------------------------------------
 REST_FRAMEWORK = {
@@ -521,6 +539,7 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-runs": {"task": "autoplane.sweep_runs", "schedule": float(AUTOPLANE_SWEEP_SECONDS)},
     "relay": {"task": "autoplane.relay", "schedule": AUTOPLANE_RELAY_SECONDS},
     "expire-approvals": {"task": "autoplane.expire_approvals", "schedule": 30.0},
+    "notify-sweep": {"task": "autoplane.notify_sweep", "schedule": AUTOPLANE_NOTIFY_SWEEP_SECONDS},
     "purge-expired": {"task": "autoplane.purge_expired", "schedule": 3600.0},
     "prune-history": {"task": "autoplane.prune_history", "schedule": 3600.0},
     "audit-truncate": {"task": "autoplane.audit_truncate", "schedule": 3600.0},

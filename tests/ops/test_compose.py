@@ -131,7 +131,16 @@ def test_readme_configuration_table_lists_every_variable_settings_reads():
     assert {name for name in read if f"`{name}`" not in readme} == set()
 
 
-SOURCE_APPS = ["audit", "workspaces", "capabilities", "approvals", "automations", "triggers", "ops"]
+SOURCE_APPS = [
+    "audit",
+    "workspaces",
+    "capabilities",
+    "approvals",
+    "notifications",
+    "automations",
+    "triggers",
+    "ops",
+]
 SOURCE_APPS += ["mcpserver", "config", "bench"]
 
 
