@@ -240,6 +240,12 @@ AUTOPLANE_SIGNING_KEY_AUTOGENERATE = env.bool(
 # Threads per web process that run Django views (ops/asgi.py); each keeps its own
 # database connection. Requests are read on the event loop before they get one.
 AUTOPLANE_WEB_THREADS = env.int("AUTOPLANE_WEB_THREADS", default=4)
+# A request's whole body must arrive within this many seconds of its headers (else 408);
+# it is read on the event loop, up to DATA_UPLOAD_MAX_MEMORY_SIZE (else 413), before a
+# thread is taken, so a client trickling its body holds a socket, never a thread.
+AUTOPLANE_BODY_READ_TIMEOUT_SECONDS = env.float("AUTOPLANE_BODY_READ_TIMEOUT_SECONDS", default=20.0)
+if not 0 < AUTOPLANE_BODY_READ_TIMEOUT_SECONDS <= 600:
+    raise ImproperlyConfigured("AUTOPLANE_BODY_READ_TIMEOUT_SECONDS must be above 0 and at most 600")
 # The audit sequencer (docs/audit.md): appends wait at most this long before they
 # are chained (reported by /healthz and /metrics); the sequencer polls every
 # INTERVAL and chains at most BATCH entries of a chain per transaction.
