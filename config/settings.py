@@ -74,6 +74,12 @@ SESSION_COOKIE_SECURE = env.bool("DJANGO_SESSION_COOKIE_SECURE", default=False)
 CSRF_COOKIE_SECURE = env.bool("DJANGO_CSRF_COOKIE_SECURE", default=False)
 if env.bool("DJANGO_SECURE_PROXY_SSL_HEADER", default=False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Reverse proxies in front of the web server that append the client's address to
+# X-Forwarded-For (config/client_address.py): the client is read that many entries
+# from the right. 0 (no proxy): REMOTE_ADDR, and the header is ignored.
+AUTOPLANE_TRUSTED_PROXY_HOPS = env.int("AUTOPLANE_TRUSTED_PROXY_HOPS", default=0)
+if not 0 <= AUTOPLANE_TRUSTED_PROXY_HOPS <= 10:
+    raise ImproperlyConfigured("AUTOPLANE_TRUSTED_PROXY_HOPS must be between 0 and 10")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
