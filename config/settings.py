@@ -246,6 +246,13 @@ AUTOPLANE_SIGNING_KEY_AUTOGENERATE = env.bool(
 # Threads per web process that run Django views (ops/asgi.py); each keeps its own
 # database connection. Requests are read on the event loop before they get one.
 AUTOPLANE_WEB_THREADS = env.int("AUTOPLANE_WEB_THREADS", default=4)
+# /metrics and /healthz (ops/access.py): with a token set, /metrics needs
+# "Authorization: Bearer <token>" or a staff session; /healthz tells an anonymous caller
+# its status only ("private", the default) or its whole report ("public").
+AUTOPLANE_METRICS_TOKEN = env.str("AUTOPLANE_METRICS_TOKEN", default="")
+AUTOPLANE_HEALTHZ_DETAILS = env.str("AUTOPLANE_HEALTHZ_DETAILS", default="private")
+if AUTOPLANE_HEALTHZ_DETAILS not in ("private", "public"):
+    raise ImproperlyConfigured("AUTOPLANE_HEALTHZ_DETAILS must be private or public")
 # A request's whole body must arrive within this many seconds of its headers (else 408);
 # it is read on the event loop, up to DATA_UPLOAD_MAX_MEMORY_SIZE (else 413), before a
 # thread is taken, so a client trickling its body holds a socket, never a thread.
