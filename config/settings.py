@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -94,6 +95,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_json_widget",  # its static JSONEditor (code editor + JSON schema checks) for the definition field
     "django_celery_beat",
+    "axes",  # admin login throttling (AXES_* below)
     "audit",
     "workspaces",
     "capabilities",
@@ -114,7 +116,26 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: answers a locked-out login attempt with 429
 ]
+
+# Admin login throttling (django-axes): after AUTOPLANE_LOGIN_FAILURE_LIMIT failed logins for
+# one username from one client address (config/client_address.py), that pair is refused, right
+# password or not, for AUTOPLANE_LOGIN_COOLOFF_MINUTES; a success before the limit resets the count.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AUTOPLANE_LOGIN_FAILURE_LIMIT = env.int("AUTOPLANE_LOGIN_FAILURE_LIMIT", default=5)
+AUTOPLANE_LOGIN_COOLOFF_MINUTES = env.float("AUTOPLANE_LOGIN_COOLOFF_MINUTES", default=15.0)
+if AUTOPLANE_LOGIN_FAILURE_LIMIT < 1 or AUTOPLANE_LOGIN_COOLOFF_MINUTES <= 0:
+    raise ImproperlyConfigured("AUTOPLANE_LOGIN_FAILURE_LIMIT must be >= 1, AUTOPLANE_LOGIN_COOLOFF_MINUTES > 0")
+AXES_FAILURE_LIMIT = AUTOPLANE_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(minutes=AUTOPLANE_LOGIN_COOLOFF_MINUTES)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_CLIENT_IP_CALLABLE = "config.client_address.request_client_address"
+AXES_RESET_ON_SUCCESS = True
+AXES_HTTP_RESPONSE_CODE = 429
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
