@@ -75,3 +75,42 @@ def test_the_schema_is_generated_once_per_process_whatever_the_query(db, monkeyp
 
     assert calls == []
     assert first.status_code == 200 and all(r.content == first.content for r in again)
+
+
+def _deploy_ids() -> set[str]:
+    from django.core import checks
+
+    return {m.id for m in checks.run_checks(include_deployment_checks=True) if m.id and m.id.startswith("autoplane.")}
+
+
+def test_check_deploy_flags_open_metrics_public_health_and_a_proxy_without_hops(settings):
+    settings.AUTOPLANE_METRICS_TOKEN = ""
+    settings.AUTOPLANE_HEALTHZ_DETAILS = "public"
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    settings.AUTOPLANE_TRUSTED_PROXY_HOPS = 0
+    settings.AUTOPLANE_BODY_READ_TIMEOUT_SECONDS = 300
+    assert _deploy_ids() >= {"autoplane.W001", "autoplane.W003", "autoplane.W004", "autoplane.W005"}
+
+    settings.AUTOPLANE_METRICS_TOKEN = "short"
+    assert "autoplane.W002" in _deploy_ids()
+
+
+def test_check_deploy_is_quiet_about_the_edge_when_it_is_closed(settings):
+    settings.AUTOPLANE_METRICS_TOKEN = TOKEN + "-and-long-enough"
+    settings.AUTOPLANE_HEALTHZ_DETAILS = "private"
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    settings.AUTOPLANE_TRUSTED_PROXY_HOPS = 1
+    assert _deploy_ids() == set()
+
+
+def test_doctor_flags_open_metrics_and_proxy_hops_with_a_production_database(settings):
+    from ops.doctor import check_settings
+
+    settings.DATABASE_IS_SQLITE = False
+    settings.AUTOPLANE_METRICS_TOKEN = ""
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    settings.AUTOPLANE_TRUSTED_PROXY_HOPS = 0
+    findings = {f.check: f for f in check_settings()}
+    assert findings["settings.autoplane.W001"].status == "warn"
+    assert "AUTOPLANE_METRICS_TOKEN" in findings["settings.autoplane.W001"].fix
+    assert findings["settings.autoplane.W004"].status == "warn"
