@@ -118,4 +118,3 @@ class AutoSchema(openapi.AutoSchema):
 
     def _needs_caller(self) -> bool:
         return not any(isinstance(p, permissions.AllowAny) for p in self.view.get_permissions())
-

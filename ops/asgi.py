@@ -38,9 +38,8 @@ from ops.wsgi_adapter import WholeResponseWSGIMiddleware  # noqa: E402
 # connection; import it now, so that gunicorn's workers forked after --preload share it.
 celery_app.connection_for_write().get_transport_cls()
 
-# django-stubs type a WSGI handler's result as HttpResponseBase; at run time it is the iterable of bytes.
 application = WholeResponseWSGIMiddleware(
-    wsgi_application,  # type: ignore[arg-type]
+    wsgi_application,
     workers=settings.AUTOPLANE_WEB_THREADS,
     body_limit=settings.DATA_UPLOAD_MAX_MEMORY_SIZE,
     body_timeout=settings.AUTOPLANE_BODY_READ_TIMEOUT_SECONDS,

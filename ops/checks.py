@@ -33,7 +33,7 @@ def edge_advice() -> list[checks.CheckMessage]:
             hint="AUTOPLANE_HEALTHZ_DETAILS=private: status only for them; staff and the metrics token see all.",
             id="autoplane.W003",
         ))  # fmt: skip
-    if getattr(settings, "SECURE_PROXY_SSL_HEADER", None) and settings.AUTOPLANE_TRUSTED_PROXY_HOPS == 0:
+    if settings.SECURE_PROXY_SSL_HEADER and settings.AUTOPLANE_TRUSTED_PROXY_HOPS == 0:
         advice.append(checks.Warning(
             "A TLS proxy is trusted (SECURE_PROXY_SSL_HEADER) but AUTOPLANE_TRUSTED_PROXY_HOPS is 0: every "
             "client has the proxy's address, so one sender's failed webhook or admin logins block them all.",

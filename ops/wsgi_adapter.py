@@ -102,7 +102,9 @@ async def read_body(scope, receive, body: _Body, *, limit: int | None, timeout: 
         async with asyncio.timeout(timeout):
             await body.read_whole(limit)
     except TimeoutError:
-        raise _BodyRefused(408, "REQUEST_TIMEOUT", f"the body did not arrive within {timeout:g} seconds") from None
+        raise _BodyRefused(
+            408, "REQUEST_TIMEOUT", f"the body did not arrive within {timeout:g} seconds"
+        ) from None
 
 
 class _Responder(WSGIResponder):

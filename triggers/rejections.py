@@ -3,8 +3,7 @@
 Counts are kept per fixed window of ``AUTOPLANE_WEBHOOK_REJECTION_WINDOW_SECONDS``
 in :class:`~triggers.models.WebhookRejectionWindow`, one atomic upsert per count,
 so they hold across processes on both databases. Only rejections write them: a
-successful fire reads one local cache key (is this client address blocked?)
-and touches no table of this module.
+successful fire touches no table or cache key of this module.
 
 Limiter (docs/security.md, "Failed webhook authentication"):
 

@@ -502,7 +502,9 @@ def webhook_fire(request: FireRequest, *, now: datetime | None = None) -> Dispat
         if reason == ARCHIVED:  # the token is right: its holder may know the automation is gone
             raise WebhookRejected(410, "GONE", "the automation is archived", reason=ARCHIVED)
         if trigger is None and (blocked := rejections.address_blocked(address)) is not None:
-            raise _too_many_failures(blocked, f"{reason}; client address blocked after failed authentications")
+            raise _too_many_failures(
+                blocked, f"{reason}; client address blocked after failed authentications"
+            )
         if trigger is None:
             addressed = _addressed(request)
             limited = rejections.auth_failed(address, str(addressed) if addressed else "-")

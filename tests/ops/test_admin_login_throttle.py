@@ -16,7 +16,9 @@ PASSWORD = "right-password-123"
 @pytest.fixture
 def admin_user(db, settings):
     settings.AXES_FAILURE_LIMIT = 3
-    return get_user_model().objects.create_user("operator", password=PASSWORD, is_staff=True, is_superuser=True)
+    return get_user_model().objects.create_user(
+        "operator", password=PASSWORD, is_staff=True, is_superuser=True
+    )
 
 
 def _login(password: str, *, username: str = "operator", address: str = "198.51.100.7", **extra):

@@ -74,13 +74,18 @@ def test_the_schema_is_generated_once_per_process_whatever_the_query(db, monkeyp
     again = [client.get("/api/schema/", {"version": f"v{n}", "lang": f"x{n}"}) for n in range(5)]
 
     assert calls == []
-    assert first.status_code == 200 and all(r.content == first.content for r in again)
+    assert first.status_code == 200
+    assert all(r.content == first.content for r in again)
 
 
 def _deploy_ids() -> set[str]:
     from django.core import checks
 
-    return {m.id for m in checks.run_checks(include_deployment_checks=True) if m.id and m.id.startswith("autoplane.")}
+    return {
+        m.id
+        for m in checks.run_checks(include_deployment_checks=True)
+        if m.id and m.id.startswith("autoplane.")
+    }
 
 
 def test_check_deploy_flags_open_metrics_public_health_and_a_proxy_without_hops(settings):

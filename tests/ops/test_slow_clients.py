@@ -145,7 +145,8 @@ def test_a_declared_body_past_the_cap_is_413_at_once_without_100_continue(web_po
         sock.sendall(_post_head(50_000_000, b"Expect: 100-continue\r\n"))
         answer = _recv_all(sock)  # and the server closes the connection
     assert answer.startswith(b"HTTP/1.1 413"), answer[:100]
-    assert b"100 Continue" not in answer and b"PAYLOAD_TOO_LARGE" in answer
+    assert b"100 Continue" not in answer
+    assert b"PAYLOAD_TOO_LARGE" in answer
 
 
 @pytest.mark.workers
@@ -173,5 +174,6 @@ def test_a_body_still_unfinished_at_the_deadline_is_408_and_the_connection_close
             sock.sendall(b"a")  # a byte now and then, each within gunicorn's own per-read timeout
             answer = _recv_all(sock)
             waited = time.monotonic() - started
-    assert b"HTTP/1.1 408" in answer and b"REQUEST_TIMEOUT" in answer, answer[:200]
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b"REQUEST_TIMEOUT" in answer
     assert 0.9 < waited < 10, waited

@@ -152,7 +152,9 @@ def _never_called(*args, **kwargs):
 def test_a_declared_length_past_the_cap_is_413_before_any_byte_is_read_or_a_100_continue_sent():
     received: list[int] = []
     app = WholeResponseWSGIMiddleware(_never_called, workers=1, body_limit=1000)
-    scope = _scope("POST", "/api/v1/automations", [(b"content-length", b"1001"), (b"expect", b"100-continue")])
+    scope = _scope(
+        "POST", "/api/v1/automations", [(b"content-length", b"1001"), (b"expect", b"100-continue")]
+    )
     sent: list[dict] = []
 
     async def receive():

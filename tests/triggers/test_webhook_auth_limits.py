@@ -132,7 +132,8 @@ def test_behind_one_proxy_hop_the_client_is_the_right_most_forwarded_address(db,
                 for n in range(30)]  # fmt: skip
 
     # then the spoofed left-most entries are ignored: its own address is blocked
-    assert statuses[:20] == [401] * 20 and set(statuses[20:]) == {429}
+    assert statuses[:20] == [401] * 20
+    assert set(statuses[20:]) == {429}
     assert _bad_from(client, automation, proxy, "1.2.3.4, 203.0.113.7").status_code == 429
     # and every other sender behind the same proxy is not
     assert _bad_from(client, automation, proxy, "198.51.100.4").status_code == 401
@@ -155,4 +156,6 @@ def test_without_trusted_hops_a_forwarded_header_is_ignored(db, hook, limits, ap
 
 
 def _bad_from(client, automation, peer: str, forwarded: str, n: int = 0):
-    return fire(client, automation.pk, token=f"apt_wrong-{n}", REMOTE_ADDR=peer, HTTP_X_FORWARDED_FOR=forwarded)
+    return fire(
+        client, automation.pk, token=f"apt_wrong-{n}", REMOTE_ADDR=peer, HTTP_X_FORWARDED_FOR=forwarded
+    )
