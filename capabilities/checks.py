@@ -19,6 +19,6 @@ def sandbox_isolated(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
             "unisolated, as the worker's user, and can read its data directory and keys.",
             hint="Use AUTOPLANE_SANDBOX_BACKEND=bubblewrap (docs/sandbox.md: in Docker the worker services "
             "need seccomp, AppArmor and system paths unconfined, as docker-compose.yml sets).",
-            id="autoplane.W001",
+            id="capabilities.W001",
         )
     ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -74,6 +75,12 @@ SESSION_COOKIE_SECURE = env.bool("DJANGO_SESSION_COOKIE_SECURE", default=False)
 CSRF_COOKIE_SECURE = env.bool("DJANGO_CSRF_COOKIE_SECURE", default=False)
 if env.bool("DJANGO_SECURE_PROXY_SSL_HEADER", default=False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Reverse proxies in front of the web server that append the client's address to
+# X-Forwarded-For (config/client_address.py): the client is read that many entries
+# from the right. 0 (no proxy): REMOTE_ADDR, and the header is ignored.
+AUTOPLANE_TRUSTED_PROXY_HOPS = env.int("AUTOPLANE_TRUSTED_PROXY_HOPS", default=0)
+if not 0 <= AUTOPLANE_TRUSTED_PROXY_HOPS <= 10:
+    raise ImproperlyConfigured("AUTOPLANE_TRUSTED_PROXY_HOPS must be between 0 and 10")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -88,6 +95,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_json_widget",  # its static JSONEditor (code editor + JSON schema checks) for the definition field
     "django_celery_beat",
+    "axes",  # admin login throttling (AXES_* below)
     "audit",
     "workspaces",
     "capabilities",
@@ -109,7 +117,29 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: answers a locked-out login attempt with 429
 ]
+
+# Admin login throttling (django-axes): after AUTOPLANE_LOGIN_FAILURE_LIMIT failed logins for
+# one username from one client address (config/client_address.py), that pair is refused, right
+# password or not, for AUTOPLANE_LOGIN_COOLOFF_MINUTES; a success before the limit resets the count.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AUTOPLANE_LOGIN_FAILURE_LIMIT = env.int("AUTOPLANE_LOGIN_FAILURE_LIMIT", default=5)
+AUTOPLANE_LOGIN_COOLOFF_MINUTES = env.float("AUTOPLANE_LOGIN_COOLOFF_MINUTES", default=15.0)
+if AUTOPLANE_LOGIN_FAILURE_LIMIT < 1 or AUTOPLANE_LOGIN_COOLOFF_MINUTES <= 0:
+    raise ImproperlyConfigured(
+        "AUTOPLANE_LOGIN_FAILURE_LIMIT must be >= 1, AUTOPLANE_LOGIN_COOLOFF_MINUTES > 0"
+    )
+AXES_FAILURE_LIMIT = AUTOPLANE_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(minutes=AUTOPLANE_LOGIN_COOLOFF_MINUTES)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_CLIENT_IP_CALLABLE = "config.client_address.request_client_address"
+AXES_RESET_ON_SUCCESS = True
+AXES_HTTP_RESPONSE_CODE = 429
+AXES_VERBOSE = False  # no banner on stdout at start (it would land in `doctor --json` and the like)
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
@@ -241,6 +271,19 @@ AUTOPLANE_SIGNING_KEY_AUTOGENERATE = env.bool(
 # Threads per web process that run Django views (ops/asgi.py); each keeps its own
 # database connection. Requests are read on the event loop before they get one.
 AUTOPLANE_WEB_THREADS = env.int("AUTOPLANE_WEB_THREADS", default=4)
+# /metrics and /healthz (ops/access.py): with a token set, /metrics needs
+# "Authorization: Bearer <token>" or a staff session; /healthz tells an anonymous caller
+# its status only ("private", the default) or its whole report ("public").
+AUTOPLANE_METRICS_TOKEN = env.str("AUTOPLANE_METRICS_TOKEN", default="")
+AUTOPLANE_HEALTHZ_DETAILS = env.str("AUTOPLANE_HEALTHZ_DETAILS", default="private")
+if AUTOPLANE_HEALTHZ_DETAILS not in ("private", "public"):
+    raise ImproperlyConfigured("AUTOPLANE_HEALTHZ_DETAILS must be private or public")
+# A request's whole body must arrive within this many seconds of its headers (else 408);
+# it is read on the event loop, up to DATA_UPLOAD_MAX_MEMORY_SIZE (else 413), before a
+# thread is taken, so a client trickling its body holds a socket, never a thread.
+AUTOPLANE_BODY_READ_TIMEOUT_SECONDS = env.float("AUTOPLANE_BODY_READ_TIMEOUT_SECONDS", default=20.0)
+if not 0 < AUTOPLANE_BODY_READ_TIMEOUT_SECONDS <= 600:
+    raise ImproperlyConfigured("AUTOPLANE_BODY_READ_TIMEOUT_SECONDS must be above 0 and at most 600")
 # The audit sequencer (docs/audit.md): appends wait at most this long before they
 # are chained (reported by /healthz and /metrics); the sequencer polls every
 # INTERVAL and chains at most BATCH entries of a chain per transaction.

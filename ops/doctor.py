@@ -37,6 +37,7 @@ from config.celery import QUEUES, queue_backlog
 from config.celery import app as celery_app
 from workspaces.checks import workspaces_without_four_eyes
 
+from .checks import edge_advice
 from .models import HeartbeatKind
 from .selectors import heartbeats_fresh, last_seen, workers_by_queue
 
@@ -288,6 +289,9 @@ def check_settings() -> Iterator[Finding]:
                       "set DJANGO_SECRET_KEY to 50+ random characters")  # fmt: skip
     else:
         yield Finding("settings.secret_key", OK, "set")
+    # The web edge's exposure (ops.checks, also in check --deploy): advice for a production database.
+    for message in edge_advice() if production else ():
+        yield Finding(f"settings.{message.id}", WARN, message.msg, message.hint or "")
     data_dir = Path(settings.DATA_DIR)
     if data_dir.exists() and stat.S_IMODE(data_dir.stat().st_mode) & 0o077:
         yield Finding("settings.data_dir", WARN, f"{data_dir} is readable by others", f"chmod 700 {data_dir}")

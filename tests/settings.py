@@ -18,6 +18,9 @@ os.environ.setdefault("AUTOPLANE_DATA_DIR", str(_REPO / "var" / "test"))
 # Short leases and sweeps so crash-recovery tests finish in seconds.
 os.environ.setdefault("AUTOPLANE_RUN_LEASE_SECONDS", "5")
 os.environ.setdefault("AUTOPLANE_SWEEP_SECONDS", "2")
+# The suite (and the servers it starts) reads /healthz's checks anonymously; tests/ops/test_ops_access.py
+# checks the default, private one.
+os.environ.setdefault("AUTOPLANE_HEALTHZ_DETAILS", "public")
 # The embedded broker polls its tables; poll often so tasks start promptly.
 os.environ.setdefault("CELERY_POLLING_INTERVAL", "0.02")
 # Tests on PostgreSQL generate the signing key in their data directory as the

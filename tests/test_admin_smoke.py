@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from axes.models import AccessAttempt, AccessFailureLog, AccessLog
 from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
@@ -88,6 +89,11 @@ def world(drive):
                             notice="requested", status="failed", attempts=5, last_error="HTTP 500")  # fmt: skip
     Group.objects.create(name="operators")
     api_token(owner, name="smoke", expires_at=timezone.now() + timedelta(days=1))
+    login = {"username": "someone", "ip_address": "198.51.100.7", "user_agent": "smoke", "http_accept": "*/*",
+             "path_info": "/admin/login/"}  # fmt: skip
+    AccessAttempt.objects.create(**login, get_data="", post_data="", failures_since_start=1)
+    AccessLog.objects.create(**login)
+    AccessFailureLog.objects.create(**login, locked_out=False)
     sequence_pending()
     checkpoint_write()
     return {"workspace": workspace, "automation": automation, "run": run, "stuck": stuck, "rerun": rerun}

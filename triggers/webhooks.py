@@ -494,11 +494,17 @@ def webhook_fire(request: FireRequest, *, now: datetime | None = None) -> Dispat
     trigger: Trigger | None = None
     token: str | None = None
     try:
-        if (blocked := rejections.address_blocked(address)) is not None:
-            raise _too_many_failures(blocked, "client address blocked after failed authentications")
+        # The token is checked first: a valid one is never refused by an address block (behind a
+        # proxy, or a NAT, one address is many senders). The block bounds what the failures of a
+        # blocked address cost (no counting, no ledger row past the quota), not the odds of
+        # guessing a 256-bit token.
         trigger, reason, token = _authenticate(request)
         if reason == ARCHIVED:  # the token is right: its holder may know the automation is gone
             raise WebhookRejected(410, "GONE", "the automation is archived", reason=ARCHIVED)
+        if trigger is None and (blocked := rejections.address_blocked(address)) is not None:
+            raise _too_many_failures(
+                blocked, f"{reason}; client address blocked after failed authentications"
+            )
         if trigger is None:
             addressed = _addressed(request)
             limited = rejections.auth_failed(address, str(addressed) if addressed else "-")

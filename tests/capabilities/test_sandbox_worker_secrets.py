@@ -153,16 +153,16 @@ def test_check_deploy_and_doctor_flag_the_insecure_sandbox(settings):
     from ops import doctor
 
     settings.AUTOPLANE_SANDBOX_BACKEND = "bubblewrap"
-    assert "autoplane.W001" not in {m.id for m in checks.run_checks(include_deployment_checks=True)}
+    assert "capabilities.W001" not in {m.id for m in checks.run_checks(include_deployment_checks=True)}
 
     settings.AUTOPLANE_SANDBOX_BACKEND = "subprocess"
     settings.AUTOPLANE_SANDBOX_INSECURE = True
-    flagged = [m for m in checks.run_checks(include_deployment_checks=True) if m.id == "autoplane.W001"]
+    flagged = [m for m in checks.run_checks(include_deployment_checks=True) if m.id == "capabilities.W001"]
     (finding,) = list(doctor.check_sandbox())
 
     assert len(flagged) == 1
     assert "AUTOPLANE_SANDBOX_INSECURE=true" in flagged[0].msg
-    assert "autoplane.W001" not in {m.id for m in checks.run_checks()}  # a deployment check
+    assert "capabilities.W001" not in {m.id for m in checks.run_checks()}  # a deployment check
     assert finding.status in (doctor.WARN, doctor.FAIL)
     assert "AUTOPLANE_SANDBOX_INSECURE=true" in finding.message
     assert "without isolation" in finding.message
