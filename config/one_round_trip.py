@@ -29,6 +29,7 @@ import weakref
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db import DatabaseError, DataError, OperationalError, connections
 from django.db.models import Field, Model, QuerySet
 from django.db.models.expressions import RawSQL
@@ -60,7 +61,8 @@ except ImportError:  # no psycopg (SQLite only): never compared
 # ``EXECUTE name(<the same literals>)`` in the same simple-protocol query: the same round trips,
 # transaction and quoting; PostgreSQL only keeps the parse and the plan (the server's time for a
 # run's final query: ~0.3 ms less). A new statement's PREPARE goes in the query that first
-# executes it. See docs/operations.md on poolers.
+# executes it. ``AUTOPLANE_PREPARED_STATEMENTS=off`` sends every statement as its text instead
+# (for a transaction pooler). See docs/operations.md on poolers.
 
 PREPARED_PREFIX = "autoplane_q_"
 _MAX_PREPARED = 32  # statements per database session; any further one goes as text
@@ -152,7 +154,10 @@ def _shape(sql: str, params: Any) -> _Shape | None:
 
 def _prepared(connection: Any, statements: list[Statement]) -> tuple[list[str], list[Statement], list[str]]:
     """The PREPAREs to send first, the statements as sent (``EXECUTE`` where prepared), the names
-    the PREPAREs add to the session."""
+    the PREPAREs add to the session. With ``AUTOPLANE_PREPARED_STATEMENTS`` off (a transaction
+    pooler): none, the statements as given."""
+    if not settings.AUTOPLANE_PREPARED_STATEMENTS:
+        return [], statements, []
     connection.ensure_connection()
     raw = connection.connection
     known = _sessions.get(raw, ())

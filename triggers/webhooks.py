@@ -251,7 +251,7 @@ def trigger_by_token_hash(digest: str) -> Trigger | None:
     conn = connections[router.db_for_read(Trigger)]
     lookup = _token_lookup(conn)
     with conn.cursor() as cursor:
-        if lookup.prepare is None:
+        if lookup.prepare is None or not settings.AUTOPLANE_PREPARED_STATEMENTS:
             cursor.execute(lookup.sql, [digest])
         else:
             _execute_prepared(conn, cursor, lookup, digest)
