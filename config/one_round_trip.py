@@ -35,6 +35,8 @@ from django.db.models import Field, Model, QuerySet
 from django.db.models.expressions import RawSQL
 from django.db.models.sql import InsertQuery, UpdateQuery
 
+from config import seams
+
 Statement = tuple[str, list[Any]]
 
 try:
@@ -48,7 +50,7 @@ try:
     # (its UPDATE, step rows, event and five audit entries) and were parsed afresh each run
     # (~0.3 ms of the worker's CPU). The same few shapes recur, so let them be cached too
     # (psycopg's LRU cache still holds at most 128 queries, each at most 4 kB of text).
-    if getattr(_psycopg_queries, "MAX_CACHED_STATEMENT_PARAMS", 1000) < 200:
+    if getattr(_psycopg_queries, "MAX_CACHED_STATEMENT_PARAMS", 1000) < 200 and seams.fast_path("psycopg"):
         _psycopg_queries.MAX_CACHED_STATEMENT_PARAMS = 200
 except ImportError:  # no psycopg (SQLite only): never compared
     _IDLE = None
@@ -376,7 +378,7 @@ def _column_names(cursor: Any) -> list[str]:
     # On psycopg, read from the result itself: cursor.description makes a Column object per
     # column (the claim's ~40: ~28 us, 2 us this way). Django's psycopg connections are UTF8.
     result = getattr(cursor, "pgresult", None)
-    if result is None:
+    if result is None or not seams.fast_path("psycopg"):
         return [column[0] for column in cursor.description]
     name = result.fname
     return [name(i).decode() for i in range(result.nfields)]
@@ -394,7 +396,8 @@ def first_in_transaction(
     query: one round trip fewer, the same transaction. psycopg then sees the transaction open
     (and sends no ``BEGIN`` of its own for what follows); its ``COMMIT`` and ``ROLLBACK`` and
     Django's atomic block work as usual. Anywhere else (a transaction already open, autocommit,
-    SQLite, pipeline mode) it is a plain ``execute``.
+    SQLite, pipeline mode, ``AUTOPLANE_FAST_PATHS=off``, a psycopg outside :mod:`config.seams`' bounds)
+    it is a plain ``execute``.
     """
     connection = connections[using]
     prepares: list[str] = []
@@ -411,6 +414,7 @@ def first_in_transaction(
                 and getattr(raw, "_pipeline", True) is None
                 and hasattr(raw, "_autocommit")
                 and raw.pgconn.transaction_status == _IDLE
+                and seams.fast_path("psycopg")
             ):
                 begin = raw._get_tx_start_command().decode()
                 raw._autocommit = True  # for this query only: its BEGIN is in the query, not sent before it

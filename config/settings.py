@@ -171,6 +171,9 @@ if DATABASE_POOLER not in ("", "session", "transaction"):
 AUTOPLANE_PREPARED_STATEMENTS = env.bool(
     "AUTOPLANE_PREPARED_STATEMENTS", default=DATABASE_POOLER != "transaction"
 )
+# The fast paths that reach past a library's public API (config/seams.py: psycopg's BEGIN fold,
+# the direct LPUSH of a task message, the pool-less Redis connection); off: the public path.
+AUTOPLANE_FAST_PATHS = env.bool("AUTOPLANE_FAST_PATHS", default=True)
 if DATABASE_POOLER == "transaction" and not DATABASE_IS_SQLITE:
     if AUTOPLANE_PREPARED_STATEMENTS:
         raise ImproperlyConfigured(
