@@ -334,6 +334,35 @@ def execute(statements: list[Statement], using: str = "default") -> None:
             return
 
 
+def select(sql: str, params: list[Any], using: str = "default") -> list[tuple[Any, ...]]:
+    """The rows of ``sql`` (one statement), on PostgreSQL prepared once per database session like
+    the writes (the webhook's trigger lookup). Outside a transaction, a session that lost the
+    statement or already has it (``DISCARD ALL``, a pooler handing over another session) is asked
+    what it holds and the statement sent again; inside one, :class:`StatementsOutOfStep` is raised."""
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall()
+    for attempt in (1, 2):
+        prepares, [(text, sent_params)], new = _prepared(connection, [(sql, params)])
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(";\n".join([*prepares, text]), sent_params)
+                for _ in prepares:
+                    cursor.nextset()
+                rows = cursor.fetchall()
+        except DatabaseError as exc:
+            if not _out_of_step(connection, exc, new):
+                raise
+            if attempt == 2 or connection.in_atomic_block:
+                raise StatementsOutOfStep(str(exc)) from exc
+            continue
+        _sent(connection, new)
+        return rows
+    raise AssertionError("unreachable")
+
+
 # The multi-row INSERT's text per (model, database alias, number of rows).
 _insert_many_sql: dict[tuple[type[Model], str, int], str] = {}
 
