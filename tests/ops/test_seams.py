@@ -1,11 +1,15 @@
 """The libraries whose internals the fast paths use (config/seams.py): their bounds, doctor's line,
-a version outside the bounds, and ``AUTOPLANE_FAST_PATHS=off`` taking the public paths."""
+a version outside the bounds, ``AUTOPLANE_FAST_PATHS=off`` taking the public paths, and what
+``DATABASE_POOLER=transaction`` turns off."""
 
 from __future__ import annotations
 
 import io
 import logging
+import os
 import re
+import subprocess
+import sys
 import tomllib
 import uuid
 
@@ -169,3 +173,46 @@ def test_with_fast_paths_off_the_rate_limit_counts_through_redis_pys_public_clie
     assert [rate_limit_redis.count_start(url, key)() for _ in range(3)] == [1, 2, 3]
     assert rate_limit_redis._clients[url].ttl(key) > 0
     rate_limit_redis._clients[url].delete(key)
+
+
+def _settings_in_child(**env: str) -> subprocess.CompletedProcess:
+    code = (
+        "import django; django.setup(); from django.conf import settings; "
+        "print(settings.AUTOPLANE_PREPARED_STATEMENTS, settings.DATABASES['default'].get('DISABLE_SERVER_SIDE_CURSORS'))"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings",
+             "DATABASE_URL": "postgres://u@127.0.0.1:1/none", **env},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, "True None"),
+        ({"DATABASE_POOLER": "transaction"}, "False True"),
+        ({"AUTOPLANE_PREPARED_STATEMENTS": "off"}, "False None"),
+        ({"DATABASE_POOLER": "session"}, "True None"),
+    ],
+)
+def test_a_transaction_pooler_turns_prepared_statements_and_server_side_cursors_off(env, expected):
+    done = _settings_in_child(**env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == expected
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"DATABASE_POOLER": "transaction", "AUTOPLANE_PREPARED_STATEMENTS": "on"},
+            "AUTOPLANE_PREPARED_STATEMENTS",
+        ),
+        ({"DATABASE_POOLER": "pgbouncer"}, "DATABASE_POOLER must be"),
+    ],
+)
+def test_settings_refuse_prepared_statements_behind_a_transaction_pooler_or_an_unknown_pooler(env, message):
+    done = _settings_in_child(**env)
+    assert done.returncode != 0
+    assert f"ImproperlyConfigured: {message}" in done.stderr
