@@ -190,6 +190,28 @@ elif _db["ENGINE"] in ("django.db.backends.postgresql",):
 else:
     raise ImproperlyConfigured("DATABASE_URL must point at PostgreSQL or SQLite")
 DATABASE_IS_SQLITE = _db["ENGINE"] == "django.db.backends.sqlite3"
+# What sits between the processes and PostgreSQL: "" (nothing, or a pooler in session mode) or
+# "transaction" (e.g. PgBouncer's pool_mode = transaction: each transaction may run on another
+# server session). With "transaction", nothing may rely on session state: no server-side cursors
+# and no SQL-level prepared statements (AUTOPLANE_PREPARED_STATEMENTS then defaults to off).
+DATABASE_POOLER = env.str("DATABASE_POOLER", default="").lower()
+if DATABASE_POOLER not in ("", "session", "transaction"):
+    raise ImproperlyConfigured("DATABASE_POOLER must be empty, 'session' or 'transaction'")
+# The hot path's statements PREPAREd once per PostgreSQL session and sent as EXECUTE (on); off:
+# every statement is sent as its plain text, and no PREPARE is ever sent.
+AUTOPLANE_PREPARED_STATEMENTS = env.bool(
+    "AUTOPLANE_PREPARED_STATEMENTS", default=DATABASE_POOLER != "transaction"
+)
+# The fast paths that reach past a library's public API (config/seams.py: psycopg's BEGIN fold,
+# the direct LPUSH of a task message, the pool-less Redis connection); off: the public path.
+AUTOPLANE_FAST_PATHS = env.bool("AUTOPLANE_FAST_PATHS", default=True)
+if DATABASE_POOLER == "transaction" and not DATABASE_IS_SQLITE:
+    if AUTOPLANE_PREPARED_STATEMENTS:
+        raise ImproperlyConfigured(
+            "AUTOPLANE_PREPARED_STATEMENTS must be off with DATABASE_POOLER=transaction: a transaction"
+            " pooler hands each transaction another server session, which lacks the prepared statements"
+        )
+    _db["DISABLE_SERVER_SIDE_CURSORS"] = True
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

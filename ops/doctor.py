@@ -33,6 +33,7 @@ from audit.signing import read_key_file, signing_key
 from capabilities import credentials
 from capabilities.models import McpServer
 from capabilities.sandbox import backend_from_settings
+from config import seams
 from config.celery import QUEUES, queue_backlog
 from config.celery import app as celery_app
 from workspaces.checks import workspaces_without_four_eyes
@@ -306,6 +307,17 @@ def check_settings() -> Iterator[Finding]:
             yield Finding("settings.deploy", OK, "check --deploy: no warnings")
 
 
+def check_seams() -> Iterator[Finding]:
+    """The libraries whose internals the fast paths use, their installed versions and the switches."""
+    line = seams.summary()
+    if outside := seams.outside():
+        where = "taken through the public path" if settings.AUTOPLANE_FAST_PATHS else "off anyway"
+        yield Finding("seams", WARN, f"{line}; outside the bounds: {', '.join(outside)} ({where})",
+                      "install the locked versions (uv sync --frozen)")  # fmt: skip
+    else:
+        yield Finding("seams", OK, line)
+
+
 # --- peers ----------------------------------------------------------------------------------
 
 
@@ -370,10 +382,12 @@ def check_four_eyes() -> Iterator[Finding]:
 
 FAST: tuple[Callable[[], Iterator[Finding]], ...] = (
     check_database, check_signing_key, check_credential_keys, check_settings, check_sandbox, check_four_eyes,
+    check_seams,
 )  # fmt: skip
 ALL: tuple[Callable[[], Iterator[Finding]], ...] = (
     check_database, check_broker, check_workers, check_beat, check_sequencer, check_sandbox,
-    check_signing_key, check_credential_keys, check_settings, check_four_eyes, check_mcp_servers, check_llm,
+    check_signing_key, check_credential_keys, check_settings, check_four_eyes, check_seams, check_mcp_servers,
+    check_llm,
 )  # fmt: skip
 
 
