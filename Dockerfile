@@ -7,9 +7,10 @@ ENV PYTHONUNBUFFERED=1 \
     UV_LINK_MODE=copy \
     UV_PROJECT_ENVIRONMENT=/app/.venv
 
-# bubblewrap runs code steps in a sandbox (AUTOPLANE_SANDBOX_BACKEND=bubblewrap).
+# bubblewrap runs code steps in a sandbox (AUTOPLANE_SANDBOX_BACKEND=bubblewrap); prlimit (util-linux,
+# in the base image) sets its limits. The worker services need docker-compose.yml's security_opt.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends bubblewrap \
+    && apt-get install -y --no-install-recommends bubblewrap util-linux \
     && rm -rf /var/lib/apt/lists/* \
     && pip install --no-cache-dir uv
 

@@ -96,7 +96,7 @@ class ApprovalAdmin(admin.ModelAdmin):
     change_form_template = "admin/approvals/approval/change_form.html"
     fields = ["status", "workspace", "automation_name", "automation_id", "run_id", "step_id", "action",
               "capability_id", "risk", "why", "message", "pretty_what", "requested_by", "approvals_required",
-              "expires_at", "created_at", "decided_at", "plan_hash"]  # fmt: skip
+              "expires_at", "created_at", "decided_at", "plan_hash", "answer"]  # fmt: skip
     readonly_fields = fields
 
     def get_queryset(self, request):
@@ -145,6 +145,15 @@ class ApprovalAdmin(admin.ModelAdmin):
                 extra["why_not"] = refusal.message
             else:
                 extra["may_decide"] = True
+        if approval is not None and approval.action == services.QUESTION_ACTION:
+            question = approval.what if isinstance(approval.what, dict) else {}
+            extra["question"] = {
+                "text": question.get("question", ""),
+                "options": [o for o in question.get("options") or () if isinstance(o, dict)],
+                "allow_freetext": bool(question.get("allow_freetext")),
+                "typed": "input_schema" in question and not question.get("options"),
+                "on_timeout": question.get("on_timeout"),
+            }
         return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
 
     # --- deciding ---------------------------------------------------------------
@@ -188,6 +197,8 @@ class ApprovalAdmin(admin.ModelAdmin):
             path("<uuid:object_id>/approve/", self.admin_site.admin_view(self.approve_view),
                  name="approvals_approval_approve"),
             path("<uuid:object_id>/deny/", self.admin_site.admin_view(self.deny_view), name="approvals_approval_deny"),
+            path("<uuid:object_id>/answer/", self.admin_site.admin_view(self.answer_view),
+                 name="approvals_approval_answer"),
         ]  # fmt: skip
         return extra + super().get_urls()
 
@@ -204,6 +215,34 @@ class ApprovalAdmin(admin.ModelAdmin):
             return HttpResponseNotAllowed(["POST"])
         approval = self._visible(request, object_id)
         self._decide(request, approval.pk, Decision.APPROVE)
+        return self._back(approval)
+
+    def answer_view(self, request, object_id):
+        """An ask_human question's answer: an option (its index in the question, so a value keeps its
+        JSON type), a typed JSON value when the question has an input schema, and/or free text."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        approval = self._visible(request, object_id)
+        question = approval.what if isinstance(approval.what, dict) else {}
+        options = [o for o in question.get("options") or () if isinstance(o, dict)]
+        value = None
+        raw = request.POST.get("option", "")
+        if raw.isdigit() and int(raw) < len(options):
+            value = options[int(raw)].get("value")
+        elif request.POST.get("value", "").strip():
+            try:
+                value = json.loads(request.POST["value"])
+            except ValueError:
+                self.message_user(request, 'the value must be JSON (e.g. 7, "text", true)', messages.ERROR)
+                return self._back(approval)
+        try:
+            answered = services.approval_answer(approval_id=approval.pk, user=request.user, value=value,
+                                                freetext=request.POST.get("freetext", ""), via="admin")  # fmt: skip
+        except services.ApprovalError as exc:
+            self.message_user(request, exc.message, messages.ERROR)
+        else:
+            self.message_user(request, f"{answered.automation_name} / {answered.step_id}: answered {value!r}",
+                              messages.SUCCESS)  # fmt: skip
         return self._back(approval)
 
     def deny_view(self, request, object_id):

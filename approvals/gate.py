@@ -35,12 +35,12 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from audit import writer
 from audit.models import Outcome
 from audit.redaction import redact
+from capabilities import json_schema
 from config import instruments
 from workspaces.models import Workspace
 
@@ -81,6 +81,9 @@ class GateRequest:
     # What a standing approval's arg_constraint is matched against when not ``what`` itself
     # (an agent tool call: the tool's own arguments, not ``{"tool", "args"}``).
     constraint_subject: Any = None
+    # Why a workspace policy makes this step ask (a rule, a credential that always asks, quiet
+    # hours): shown to the approver; standing approvals never cover it either.
+    asked_because: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ class Verdict:
 
 def check_step(request: GateRequest) -> Verdict:
     now = timezone.now()
-    if not request.always_asks_human:
+    if not request.always_asks_human and not request.asked_because:
         verdict = _use_standing(request, now)
         if verdict is not None:
             return verdict
@@ -150,7 +153,7 @@ def _accepts(constraint: Any, what: Any) -> bool:
     if constraint is None:
         return True
     try:
-        return Draft202012Validator(constraint).is_valid(what)
+        return json_schema.validator(constraint).is_valid(what)
     except SchemaError:
         return False
 
@@ -273,6 +276,8 @@ def why_text(request: GateRequest) -> str:
         text += " (risk raised: " + "; ".join(request.reasons) + ")"
     if request.extra.get("rerun_of"):
         text = f"re-run from a later step asks again: {text}"
+    if request.asked_because:
+        text += "; asks because of " + "; ".join(request.asked_because)
     return text
 
 
@@ -288,7 +293,7 @@ def _create(request: GateRequest, now: datetime) -> Verdict:
         action=request.action,
         capability_id=request.capability_id,
         risk=request.risk,
-        reasons=list(request.reasons),
+        reasons=[*request.reasons, *request.asked_because],
         what=redact(request.what, secrets),
         why=why_text(request),
         message=redact(request.message, secrets),
@@ -395,3 +400,23 @@ def _audit(request: GateRequest, type: str, summary: str, outcome: str = Outcome
         payload=extra.pop("payload", {}),
         secrets=extra.pop("secrets", ()),
     )  # fmt: skip
+
+
+def request_again(request: GateRequest, *, max_re_requests: int) -> Verdict | None:
+    """``on_expiry: re_request`` (issue 30): after an expiry, a new approval for the step, bound to the
+    plan hash computed now; None once the step has expired ``max_re_requests`` + 1 times."""
+    with transaction.atomic():
+        expired = Approval.objects.filter(
+            run_id=request.run_id, step_key=request.step_key, status=ApprovalStatus.EXPIRED
+        ).count()
+        if expired > max_re_requests:
+            return None
+        try:
+            with transaction.atomic():
+                verdict = _create(request, timezone.now())
+        except IntegrityError:  # another process asked again first: that approval is the live one
+            return None
+        _audit(request, "approval.re_requested", f"{request.step_id}: the approval expired; asked again "
+               f"({expired} of {max_re_requests})", refs={"approval": str(verdict.approval_id)},
+               payload={"plan_hash": request.plan_hash, "re_requests": expired})  # fmt: skip
+    return verdict

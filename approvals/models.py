@@ -61,6 +61,8 @@ class Approval(models.Model):
     token = models.TextField(
         blank=True, default="", help_text="The signed approval token, once the quorum is reached."
     )
+    # ask_human: {value, freetext, decided_by, timed_out} once answered (or timed out).
+    answer = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -84,6 +86,7 @@ class Approval(models.Model):
 class Decision(models.TextChoices):
     APPROVE = "approve"
     DENY = "deny"
+    ANSWER = "answer"  # an ask_human question answered
 
 
 class ApprovalDecision(models.Model):

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import enum
 import re
+import zoneinfo
+from collections.abc import Mapping
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
 
 from capabilities.base import Capability, Risk, RiskInputs, SideEffect
 
@@ -50,7 +55,6 @@ def step_risk(
     inputs: RiskInputs | None = None,
     *,
     recipients: int = 0,
-    quiet_hours: bool = False,
 ) -> tuple[Risk, list[str]]:
     """The capability's risk raised one level per rule that applies; never lowered.
 
@@ -67,8 +71,6 @@ def step_risk(
     verbs = destructive_segments(capability.id)
     if verbs:
         rules.append(f"capability {capability.id} names a destructive verb ({verbs[0]})")
-    if quiet_hours:
-        rules.append("quiet hours")
     risk = capability.risk
     reasons: list[str] = []
     for rule in rules:
@@ -79,3 +81,38 @@ def step_risk(
         reasons.append(f"network access from a sandbox: risk {risk.label} → high")
         risk = Risk.HIGH
     return risk, reasons
+
+
+# --- quiet hours ------------------------------------------------------------------
+# Inside a workspace's quiet hours, steps of medium or higher risk ask a human (issue 29). Risk is
+# not raised for them (SPEC §7.3's optional rule): raising a high-risk step to critical would
+# block it at A3 instead of asking, and a low-risk step would start asking at A2.
+QUIET_HOURS_MIN_RISK = Risk.MEDIUM
+
+
+@lru_cache(maxsize=64)
+def _zone(name: str) -> zoneinfo.ZoneInfo:
+    return zoneinfo.ZoneInfo(name)
+
+
+def _minutes(text: str) -> int:
+    hours, minutes = text.split(":")
+    return int(hours) * 60 + int(minutes)
+
+
+def in_quiet_hours(window: Mapping[str, Any] | None, now: datetime) -> bool:
+    """Whether the aware ``now`` falls in ``window`` read on the wall clock of its time zone, so
+    22:00-07:00 Europe/Berlin is 21:00-06:00 UTC in winter and 20:00-05:00 UTC in summer. The start
+    is inside, the end is not; a window whose end is before its start runs across midnight."""
+    if not window:
+        return False
+    local = now.astimezone(_zone(window["timezone"]))
+    minute = local.hour * 60 + local.minute
+    start, end = _minutes(window["start"]), _minutes(window["end"])
+    if start < end:
+        return start <= minute < end
+    return minute >= start or minute < end
+
+
+def quiet_hours_text(window: Mapping[str, Any]) -> str:
+    return f"quiet hours ({window['start']}-{window['end']} {window['timezone']})"

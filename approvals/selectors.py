@@ -32,3 +32,11 @@ def pending_count(user) -> int:
 def standing_approvals_visible_to(user) -> QuerySet[StandingApproval]:
     visible = workspaces_for(user, Permission.VIEW).values("id")
     return StandingApproval.objects.filter(workspace__in=visible).order_by("-created_at", "id")
+
+
+def answer_for(run_id, step_id: str) -> dict | None:
+    """The answer to a run's ``ask_human`` step (the latest approval of that step that has one)."""
+    return (
+        Approval.objects.filter(run_id=run_id, step_id=step_id, answer__isnull=False)
+        .order_by("-created_at").values_list("answer", flat=True).first()
+    )  # fmt: skip

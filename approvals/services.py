@@ -20,11 +20,10 @@ from django.core import signing as django_signing
 from django.db import IntegrityError, transaction
 from django.urls import reverse
 from django.utils import timezone
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 
 from audit import writer
 from audit.models import Outcome
+from capabilities import json_schema
 from config import instruments
 from config.celery import app
 from config.errors import ServiceError
@@ -71,6 +70,26 @@ def _refs(approval: Approval) -> dict[str, str]:
     }
 
 
+# The engine registers, in its AppConfig.ready, how to publish a domain event: approval.decided and
+# approval.expired are usable as event triggers, and approvals never import the engine.
+_decision_listener: list[Callable[..., Any]] = []
+
+
+def register_decision_listener(listener: Callable[..., Any]) -> None:
+    _decision_listener[:] = [listener]
+
+
+def _announce(approval: Approval, event_type: str, **payload: Any) -> None:
+    if _decision_listener:
+        _decision_listener[0](
+            workspace_id=approval.workspace_id, event_type=event_type, source="approvals",
+            payload={"approval_id": str(approval.pk), "run_id": str(approval.run_id),
+                     "automation_id": str(approval.automation_id), "automation_name": approval.automation_name,
+                     "step_id": approval.step_id, "risk": approval.risk, **payload},
+            trace_id=approval.trace_id,
+        )  # fmt: skip
+
+
 def _resume_on_commit(run_id: Any, reason: str) -> None:
     run, why = str(run_id), reason
     transaction.on_commit(lambda: app.send_task(RESUME_TASK, args=[run, why], ignore_result=True))
@@ -112,7 +131,7 @@ def approval_decide(*, approval_id: Any, user, decision: str, reason: str = "", 
     """Record ``user``'s approve/deny. Exactly one outcome wins under concurrency: the row is
     locked (``select_for_update``; SQLite serialises writers) and every status change is a
     conditional UPDATE on ``status='pending'``."""
-    if decision not in Decision.values:
+    if decision not in (Decision.APPROVE, Decision.DENY):
         raise ApprovalError("INVALID_ARGUMENT", "decision must be approve or deny")
     reason = (reason or "").strip()
     approval = Approval.objects.select_for_update().filter(pk=approval_id).first()
@@ -122,6 +141,8 @@ def approval_decide(*, approval_id: Any, user, decision: str, reason: str = "", 
         raise ApprovalError("PERMISSION_DENIED", "your role in this workspace does not allow approving", 403)
     if decision == Decision.DENY and not reason:
         raise ApprovalError("INVALID_ARGUMENT", "a reason is required to deny")
+    if decision == Decision.APPROVE and approval.action == QUESTION_ACTION:
+        raise ApprovalError("INVALID_ARGUMENT", 'this is a question: answer it ("decision": "answer")')
     now = timezone.now()
     refusal = approval_decide_refusal(approval=approval, user=user, now=now)
     if refusal is not None:
@@ -142,6 +163,7 @@ def approval_decide(*, approval_id: Any, user, decision: str, reason: str = "", 
             workspace_id=approval.workspace_id, actor=actor, refs=_refs(approval),
             payload={"via": via, "reason": reason[:1000]},
         )  # fmt: skip
+        _announce(approval, "approval.decided", decision="denied", decided_by=[user.get_username()])
         _resume_on_commit(approval.run_id, "approval denied")
     else:
         approvals = approval.decisions.filter(decision=Decision.APPROVE).count()
@@ -161,6 +183,8 @@ def approval_decide(*, approval_id: Any, user, decision: str, reason: str = "", 
                          "plan_hash": approval.plan_hash, "key_id": tokens.decode(token)[1]["kid"]},
                 secrets=[token],
             )  # fmt: skip
+            _announce(approval, "approval.decided", decision="approved",
+                      decided_by=list(approval.decisions.values_list("user__username", flat=True)))  # fmt: skip
             _resume_on_commit(approval.run_id, "approval granted")
         else:
             writer.append(
@@ -171,6 +195,97 @@ def approval_decide(*, approval_id: Any, user, decision: str, reason: str = "", 
                 payload={"via": via, "reason": reason[:1000], "approvals": approvals,
                          "approvals_required": approval.approvals_required},
             )  # fmt: skip
+    approval.refresh_from_db()
+    return approval
+
+
+# --- ask_human: answering a question -------------------------------------------------------
+
+QUESTION_ACTION = "ask_human"
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b  # True is not 1
+
+
+def _check_answer(question: Any, value: Any, freetext: Any) -> None:
+    """400 INVALID_ARGUMENT unless (value, freetext) is an answer the question allows."""
+    question = question if isinstance(question, dict) else {}
+    options = [o.get("value") for o in question.get("options") or () if isinstance(o, dict)]
+    schema = question.get("input_schema")
+    if freetext not in (None, "") and not isinstance(freetext, str):
+        raise ApprovalError("INVALID_ARGUMENT", "freetext must be a string")
+    if freetext and not question.get("allow_freetext"):
+        raise ApprovalError("INVALID_ARGUMENT", "this question does not take free text")
+    if freetext and len(freetext) > 10_000:
+        raise ApprovalError("INVALID_ARGUMENT", "freetext is at most 10000 characters")
+    if value is None:
+        if not freetext:
+            raise ApprovalError("INVALID_ARGUMENT", "give a value (one of the options) or free text")
+        if options or schema is not None:
+            raise ApprovalError("INVALID_ARGUMENT", "give a value: one of the options offered")
+        return
+    if options and not any(_same(value, option) for option in options):
+        raise ApprovalError("INVALID_ARGUMENT", "that value is not one of the options offered")
+    if isinstance(schema, dict):
+        # RE2 for the schema's patterns, as for every schema a user writes (capabilities/json_schema.py).
+        error = None
+        if json_schema.schema_problem(schema) is None:
+            error = next(iter(json_schema.validator(schema).iter_errors(value)), None)
+        if error is not None:
+            raise ApprovalError(
+                "INVALID_ARGUMENT", f"the value does not match the input schema: {error.message[:200]}"
+            )
+    elif not options:
+        raise ApprovalError("INVALID_ARGUMENT", "this question takes free text only")
+
+
+def _answer(approval: Approval, *, answer: dict[str, Any], now: datetime, actor: str, type: str,
+            summary: str, via: str) -> None:  # fmt: skip
+    token = tokens.mint(
+        approval_id=str(approval.pk), run_id=str(approval.run_id), step_key=approval.step_key,
+        plan_hash=approval.plan_hash, nonce=secrets.token_urlsafe(24), exp=max(approval.expires_at, now + TOKEN_MIN_TTL),
+    )  # fmt: skip
+    _transition(approval, status=ApprovalStatus.APPROVED, decided_at=now, token=token, answer=answer)
+    writer.append(
+        trace_id=approval.trace_id, type=type, outcome=Outcome.SUCCESS, stage="approval", summary=summary[:500],
+        workspace_id=approval.workspace_id, actor=actor, refs=_refs(approval),
+        payload={"via": via, **answer, "plan_hash": approval.plan_hash}, secrets=[token],
+    )  # fmt: skip
+    _announce(approval, "approval.decided", decision="answered", value=answer["value"],
+              decided_by=[answer["decided_by"]] if answer["decided_by"] else [], timed_out=answer["timed_out"])  # fmt: skip
+    _resume_on_commit(approval.run_id, "question answered")
+
+
+@transaction.atomic
+def approval_answer(
+    *, approval_id: Any, user, value: Any = None, freetext: Any = "", via: str = "api"
+) -> Approval:
+    """Answer an ``ask_human`` question: one answer decides it (roles and four-eyes as for approving).
+    A value not offered, free text the question does not take, or a value failing its input schema
+    is a 400 and records nothing."""
+    approval = Approval.objects.select_for_update().filter(pk=approval_id).first()
+    if approval is None:
+        raise ApprovalError("NOT_FOUND", "approval not found", 404)
+    if not has_permission(user, approval.workspace_id, Permission.APPROVE):
+        raise ApprovalError("PERMISSION_DENIED", "your role in this workspace does not allow approving", 403)
+    if approval.action != QUESTION_ACTION:
+        raise ApprovalError("INVALID_ARGUMENT", "this approval is not a question: approve or deny it")
+    now = timezone.now()
+    refusal = approval_decide_refusal(approval=approval, user=user, now=now)
+    if refusal is not None:
+        raise refusal
+    _check_answer(approval.what, value, freetext)
+    freetext = freetext or ""
+    try:
+        with transaction.atomic():
+            ApprovalDecision.objects.create(approval=approval, user=user, decision=Decision.ANSWER,
+                                            reason=freetext[:2000], via=via)  # fmt: skip
+    except IntegrityError:
+        raise ApprovalError("CONFLICT", "you have already decided on this approval", 409)
+    answer = {"value": value, "freetext": freetext, "decided_by": user.get_username(), "timed_out": False}
+    _answer(approval, answer=answer, now=now, actor=writer.actor_for(user), type="approval.answered",
+            summary=f"{approval.step_id}: answered {value!r} by {user.get_username()}", via=via)  # fmt: skip
     approval.refresh_from_db()
     return approval
 
@@ -200,12 +315,26 @@ def approvals_expire(*, now: datetime | None = None) -> dict[str, int]:
             )
             if approval is None or approval.expires_at > now:
                 continue
+            question = approval.what if isinstance(approval.what, dict) else {}
+            if approval.action == QUESTION_ACTION and "on_timeout" in question:
+                answer = {
+                    "value": question["on_timeout"],
+                    "freetext": "",
+                    "decided_by": None,
+                    "timed_out": True,
+                }
+                _answer(approval, answer=answer, now=now, actor="system", type="approval.answer_timed_out",
+                        summary=f"{approval.step_id}: nobody answered in time; took {question['on_timeout']!r}",
+                        via="timeout")  # fmt: skip
+                expired += 1
+                continue
             _transition(approval, status=ApprovalStatus.EXPIRED, decided_at=now)
             writer.append(
                 trace_id=approval.trace_id, type="approval.expired", outcome=Outcome.FAILURE, stage="approval",
                 summary=f"{approval.step_id}: the approval expired undecided", workspace_id=approval.workspace_id,
                 refs=_refs(approval), payload={"expires_at": approval.expires_at.isoformat()},
             )  # fmt: skip
+            _announce(approval, "approval.expired", expires_at=approval.expires_at.isoformat())
             _resume_on_commit(approval.run_id, "approval expired")
             expired += 1
     unsettled = Approval.objects.filter(
@@ -229,11 +358,11 @@ def _check_constraint(arg_constraint: Any) -> None:
         return
     if not isinstance(arg_constraint, dict):
         raise ApprovalError("INVALID_ARGUMENT", "arg_constraint must be a JSON Schema object or null")
-    try:
-        Draft202012Validator.check_schema(arg_constraint)
-    except SchemaError as exc:
+    problem = json_schema.schema_problem(arg_constraint)
+    if problem is not None:
         raise ApprovalError(
-            "INVALID_ARGUMENT", f"arg_constraint is not a valid JSON Schema: {exc.message[:200]}"
+            "INVALID_ARGUMENT",
+            f"arg_constraint is not a valid JSON Schema at {problem[0] or '/'}: {problem[1][:200]}",
         )
 
 
@@ -391,8 +520,10 @@ def standing_approval_revoke(*, standing_id: Any, user) -> StandingApproval:
 
 
 def approval_link_create(*, approval: Approval, user) -> str:
-    """A one-click approve link for ``user`` (the URL path): HMAC-signed with SECRET_KEY, bound to
-    this approval and this approver, expiring with the approval (at most 24 h), usable once."""
+    """A one-click approve link for ``user`` (a path with the token in its fragment): HMAC-signed
+    with SECRET_KEY, bound to this approval and this approver, expiring with the approval (at most
+    24 h), usable once. The token never sits in the URL's path or query, which access logs, traces
+    and proxies record: a browser does not send the fragment; the page's own script POSTs it."""
     if not has_permission(user, approval.workspace_id, Permission.APPROVE):
         raise ApprovalError("PERMISSION_DENIED", "your role in this workspace does not allow approving", 403)
     if approval.status != ApprovalStatus.PENDING:
@@ -409,7 +540,7 @@ def approval_link_create(*, approval: Approval, user) -> str:
             workspace_id=approval.workspace_id, actor=writer.actor_for(user), refs=_refs(approval),
             payload={"expires_at": expires.isoformat()}, secrets=[token],
         )  # fmt: skip
-    return reverse("approval-link", kwargs={"token": token})
+    return f"{reverse('approval-link')}#{token}"
 
 
 def approval_link_read(token: str) -> tuple[Approval, Any, str]:

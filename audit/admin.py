@@ -1,5 +1,9 @@
 """Read-only admin for the ledger (newest first, scoped to the user's workspaces, a trace per run),
-with "Verify the ledger" (what ``manage.py audit_verify`` runs) and "write checkpoint now"."""
+with "Verify the ledger" and "write checkpoint now".
+
+Verifying walks the ledger for superusers (what ``manage.py audit_verify`` runs); anyone else
+is shown the last verification of their workspaces' chains (:mod:`audit.verifications`), as
+``GET /api/v1/audit/verify`` is: a walk per click would let any viewer load the database."""
 
 from __future__ import annotations
 
@@ -17,7 +21,9 @@ from workspaces.models import Permission
 from . import selectors
 from .checkpoints import checkpoint_write
 from .models import AuditChainHead, AuditCheckpoint, AuditEvent
+from .verifications import verification_latest
 from .verify import verify_all
+from .writer import chain_for
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -37,8 +43,18 @@ def _one_line(text: str, width: str):
 
 
 def _report(modeladmin, request, chains=None):
-    result = verify_all(chains)
-    modeladmin.message_user(request, result.summary(), messages.SUCCESS if result.ok else messages.ERROR)
+    note = ""
+    if request.user.is_superuser:
+        result = verify_all(chains)
+    else:
+        visible = {chain_for(ws_id) for ws_id in workspace_ids_for(request.user, Permission.VIEW)}
+        result, verified_at, full = verification_latest(visible if chains is None else set(chains) & visible)
+        if verified_at is not None:
+            when = timezone.localtime(verified_at).strftime("%Y-%m-%d %H:%M:%S")
+            note = f" (the last {'full' if full else 'incremental'} verification, at {when})"
+    modeladmin.message_user(
+        request, result.summary() + note, messages.SUCCESS if result.ok else messages.ERROR
+    )
 
 
 def _may_checkpoint(request) -> bool:

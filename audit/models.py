@@ -237,3 +237,26 @@ class AuditCheckpoint(models.Model):
 
     def __str__(self) -> str:
         return f"checkpoint {self.chain}#{self.seq}"
+
+
+class AuditVerification(models.Model):
+    """The last verification of one chain: what ``GET /api/v1/audit/verify`` serves.
+
+    Written by :func:`audit.verify.verification_record` (the periodic task, a stale read, a
+    full walk an admin asked for). A broken result stays until a full walk finds the chain
+    intact: an incremental walk starts above the damage and would not see it."""
+
+    chain = models.CharField(max_length=64, unique=True)
+    ok = models.BooleanField(default=True)
+    events = models.PositiveBigIntegerField(default=0)
+    checkpoints = models.PositiveIntegerField(default=0)
+    waiting = models.PositiveIntegerField(default=0)
+    broken = models.JSONField(null=True, blank=True)
+    full = models.BooleanField(default=False, help_text="whether the last walk was a full one")
+    verified_at = models.DateTimeField(null=True, blank=True)
+    full_verified_at = models.DateTimeField(null=True, blank=True)
+    # When the last full walk through the API started: the rate limit's claim.
+    full_requested_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"verification of {self.chain}"

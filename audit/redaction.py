@@ -6,6 +6,11 @@ echo or a log line are replaced too: URL-encoded (``quote`` and ``quote_plus``),
 each of the three byte alignments the secret can have inside a longer encoded text, so
 ``base64(prefix + secret + suffix)`` is caught as well as ``base64(secret)``.
 
+Secrets shorter than 4 characters (a PIN, a one-letter password) are redacted too, but only
+where a whole string *is* the secret or one of those encodings of it: as a substring they
+would redact ordinary words and numbers everywhere, so ``"pin: 42"`` keeps its ``42`` while
+a value ``"42"`` becomes ``[REDACTED]``.
+
 What this cannot catch: any other transformation (reversed, split, XORed, compressed,
 encrypted, one character per line...). Code that receives a secret can always leak it;
 that is why credentials reach code steps only when their grant allows it
@@ -21,20 +26,33 @@ from typing import Any
 from urllib.parse import quote, quote_plus
 
 REDACTED = "[REDACTED]"
-_MIN_SECRET_LENGTH = 4  # shorter "secrets" would redact ordinary words
+_MIN_SECRET_LENGTH = 4  # a shorter secret is redacted as a whole value only (it would redact ordinary words)
 _MIN_ENCODED_LENGTH = 6  # a shorter fragment of an encoding is likely to occur by chance
 
 
 def redact(value: Any, secrets: Iterable[str]) -> Any:
     """Return ``value`` with every occurrence of every secret (and its encodings) replaced by ``[REDACTED]``."""
     forms: set[str] = set()
+    whole: set[str] = set()
     for secret in secrets:
-        if secret and len(secret) >= _MIN_SECRET_LENGTH:
+        if not secret:
+            continue
+        if len(secret) >= _MIN_SECRET_LENGTH:
             forms.update(encoded_forms(secret))
+        else:
+            whole.update(_whole_forms(secret))
     needles = sorted(forms, key=len, reverse=True)
-    if not needles:
+    if not needles and not whole:
         return value
-    return _redact(value, needles)
+    return _redact(value, needles, frozenset(whole))
+
+
+def _whole_forms(secret: str) -> set[str]:
+    """A short secret and its whole encodings: matched only as an entire string."""
+    raw = secret.encode("utf-8", "surrogatepass")
+    encoded = base64.b64encode(raw).decode()
+    return {secret, quote(secret, safe=""), quote_plus(secret, safe=""), raw.hex(), raw.hex().upper(),
+            encoded, encoded.translate(_URLSAFE)}  # fmt: skip
 
 
 @lru_cache(maxsize=1024)
@@ -56,16 +74,18 @@ def encoded_forms(secret: str) -> frozenset[str]:
 _URLSAFE = str.maketrans("+/", "-_")
 
 
-def _redact(value: Any, needles: list[str]) -> Any:
+def _redact(value: Any, needles: list[str], whole: frozenset[str] = frozenset()) -> Any:
     if isinstance(value, str):
+        if value in whole:
+            return REDACTED
         for needle in needles:
             if needle in value:
                 value = value.replace(needle, REDACTED)
         return value
     if isinstance(value, dict):
-        return {_redact(k, needles): _redact(v, needles) for k, v in value.items()}
+        return {_redact(k, needles, whole): _redact(v, needles, whole) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_redact(v, needles) for v in value]
+        return [_redact(v, needles, whole) for v in value]
     return value
 
 

@@ -7,6 +7,8 @@ from celery import shared_task
 from .anchors import truncate_all
 from .checkpoints import checkpoint_write
 from .sequencer import sequence_pending
+from .verifications import verification_record
+from .verify import all_chains
 
 
 @shared_task(name="autoplane.audit_checkpoint", ignore_result=True, soft_time_limit=120, time_limit=180)
@@ -24,3 +26,9 @@ def audit_checkpoint(chain: str | None = None) -> int:
 def audit_truncate() -> int:
     """Hourly; does nothing unless AUTOPLANE_AUDIT_RETENTION_DAYS is set. Returns the rows deleted."""
     return sum(t.deleted for t in truncate_all())
+
+
+@shared_task(name="autoplane.audit_verify", ignore_result=True, soft_time_limit=1500, time_limit=1800)
+def audit_verify() -> bool:
+    """Every AUTOPLANE_AUDIT_VERIFY_SECONDS: each chain verified from its newest checkpoint, results stored."""
+    return verification_record(all_chains(), full=False).ok

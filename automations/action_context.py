@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
+from approvals import selectors as approval_selectors
 from capabilities import llm, registry
 from capabilities.base import ActionContext, CostMeter, Envelope
 from capabilities.credentials import credential_resolve
@@ -73,6 +74,7 @@ def action_context(run: Run, step: dict[str, Any], attempt: int, key: str, timeo
         ),
         secrets=secrets,
         resolve_llm=llm.require_llm,
+        human_answer=lambda: approval_selectors.answer_for(run.pk, step["step_id"]),
         **extra,
     )
     return ctx

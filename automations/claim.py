@@ -68,6 +68,8 @@ RETURNING *,
         AS claimed_max_autonomy,
     (SELECT min_approvals FROM workspaces_workspace WHERE id = automations_run.workspace_id)
         AS claimed_min_approvals,
+    (SELECT policies FROM workspaces_workspace WHERE id = automations_run.workspace_id) AS claimed_policies,
+    (SELECT quiet_hours FROM workspaces_workspace WHERE id = automations_run.workspace_id) AS claimed_quiet_hours,
     EXISTS (SELECT 1 FROM automations_steprun WHERE run_id = automations_run.id) AS claimed_has_steps
 """
 
@@ -116,6 +118,11 @@ def _claimed_run(columns: list[str], row: tuple[Any, ...]) -> tuple[Run, dict[st
     return run, {name: values[i] for name, i in extra}
 
 
+def _json(value: Any) -> Any:
+    """A JSON column of the claim's extra columns (they are not converted): text on SQLite."""
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
 def claim(run_id: str, me: str, *, held: bool = False) -> Run | None:
     """Take ``run_id`` if it is due (queued, a timer that fired, a lease that ran out); else None.
 
@@ -126,8 +133,9 @@ def claim(run_id: str, me: str, *, held: bool = False) -> Run | None:
     (not a recovery).
 
     One statement: the conditional UPDATE returns the run, its workspace's egress
-    allowlist, default autonomy and ceilings (the workspace fields a step reads) and whether it has step rows
-    yet (``run.has_step_runs``: a fresh run has none to read).
+    allowlist, default autonomy, ceilings, policies and quiet hours (the workspace fields a
+    step reads) and whether it has step rows yet (``run.has_step_runs``: a fresh run has none
+    to read).
     """
     now = timezone.now()
     lease = now + timedelta(seconds=settings.AUTOPLANE_RUN_LEASE_SECONDS)
@@ -146,14 +154,16 @@ def claim(run_id: str, me: str, *, held: bool = False) -> Run | None:
     columns, rows = one_round_trip.first_in_transaction(_CLAIM_SQL, params, using=connection.alias)
     if rows:
         run, extra = _claimed_run(columns, rows[0])
-        allowlist = extra["claimed_egress_allowlist"]
-        if isinstance(allowlist, str | bytes):  # the extra columns are not converted
-            allowlist = json.loads(allowlist)
-        # The workspace with only what a step reads; any other field loads on use.
+        allowlist, policies, quiet_hours = (
+            _json(extra[name])
+            for name in ("claimed_egress_allowlist", "claimed_policies", "claimed_quiet_hours")
+        )
+        # The workspace with only what a step reads (its gate settings too); any other field loads on use.
         run.workspace = Workspace.from_db(
-            connection.alias, ["id", "egress_allowlist", "default_autonomy", "max_autonomy", "min_approvals"],
+            connection.alias,
+            ["id", "egress_allowlist", "default_autonomy", "max_autonomy", "min_approvals", "policies", "quiet_hours"],
             [run.workspace_id, allowlist, extra["claimed_default_autonomy"], extra["claimed_max_autonomy"],
-             extra["claimed_min_approvals"]],
+             extra["claimed_min_approvals"], policies, quiet_hours],
         )  # fmt: skip
         run.has_step_runs = bool(extra["claimed_has_steps"])
         run.first_claim = run.started_at == now  # the COALESCE above kept an earlier start

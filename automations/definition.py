@@ -6,6 +6,7 @@ a JSON-pointer ``path``; an empty list means the definition may be saved.
 
 from __future__ import annotations
 
+import json
 import zoneinfo
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -13,22 +14,43 @@ from typing import Any
 
 from croniter import croniter
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 
-from capabilities import registry
+from capabilities import json_schema, registry
 from capabilities.base import ActionDefinition, Capability, Risk, SideEffect
 from capabilities.grants import Grant
+from config.errors import InvalidArgument
+from notifications import services as notices
 
 from .expressions import template
 from .expressions.filter_grammar import FILTER_SCHEMA, validate_filter
+from .expressions.policy_rules import rule_issues
 
 SCHEMA_VERSION = "1.0"
 RESERVED_NAMES = frozenset({"inputs", "trigger", "run", "event"})
 INPUT_DEFAULT_TOKENS = frozenset({"$last_fired_at", "$now", "$creator"})
 MIN_SCHEDULE_INTERVAL_SECONDS = 60
+# A definition's size as UTF-8 compact JSON, checked before anything else on every save path
+# (API, admin, drafts, examples): a bigger one costs template-compile CPU for nothing.
 MAX_DEFINITION_BYTES = 512 * 1024
 
 _IDENT = "^[a-zA-Z][a-zA-Z0-9_-]{0,63}$"
+
+# Who is told about a step's approval beyond the workspace's channels, and when they are reminded
+# and escalated to (notifications/; a step's own settings win over ``execution.approval``).
+_RECIPIENTS = {"type": "array", "maxItems": 50, "items": {"type": "string", "minLength": 1, "maxLength": 320}}
+_APPROVAL_NOTICES = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "notify": _RECIPIENTS,
+        "remind_after_seconds": {"type": "integer", "minimum": 60, "maximum": 30 * 86400},
+        "remind_every_seconds": {"type": "integer", "minimum": 60, "maximum": 30 * 86400},
+        "escalate_after_seconds": {"type": "integer", "minimum": 60, "maximum": 30 * 86400},
+        "escalate_to": _RECIPIENTS,
+        "on_expiry": {"enum": ["fail", "re_request"]},
+        "max_re_requests": {"type": "integer", "minimum": 1, "maximum": 10},
+    },
+}
 
 _STEP = {
     "type": "object",
@@ -46,6 +68,9 @@ _STEP = {
         "timeout_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
         "expected_duration_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
         "approvals_required": {"type": "integer", "minimum": 1, "maximum": 5},
+        # Argument rules of this step's own (expressions/policy_rules.py), checked by _Checker.
+        "policy": {"type": "array"},
+        "approval": _APPROVAL_NOTICES,
     },
 }
 
@@ -58,6 +83,11 @@ _TRIGGER_CONFIGS = {
             "cron": {"type": "string", "minLength": 9, "maxLength": 120},
             "timezone": {"type": "string", "minLength": 1, "maxLength": 64},
             "catch_up": {"enum": ["skip", "run_once", "run_all_capped"]},
+            "quiet_hours": {
+                "enum": ["skip", "run"],
+                "description": "skip: inside the workspace's quiet hours "
+                "a slot is recorded as schedule.skipped instead of run",
+            },
             "inputs": {"type": "object"},
         },
     },
@@ -142,6 +172,7 @@ DEFINITION_SCHEMA: dict[str, Any] = {
                 "budget_cap_usd": {"type": "number", "minimum": 0},
                 "autonomy": {"enum": ["A0", "A1", "A2", "A3", "A4"]},
                 "approval_timeout_seconds": {"type": "integer", "minimum": 60, "maximum": 30 * 86400},
+                "approval": _APPROVAL_NOTICES,
                 "on_failure": {"type": "array", "maxItems": 10, "items": {"$ref": "#/$defs/step"}},
             },
         },
@@ -266,6 +297,10 @@ class _Checker:
             if "when" in step:
                 self.check_template(step["when"], path + "/when", known)
             self.check_config(step, path, known)
+            if "policy" in step:
+                self.issues += rule_issues(step["policy"], path + "/policy")
+            if "approval" in step:
+                self.check_approval_notices(step["approval"], path + "/approval")
             name = step.get("output_as")
             if name:
                 if name in RESERVED_NAMES:
@@ -274,6 +309,22 @@ class _Checker:
                     self.add(path + "/output_as", "duplicate_output", f"'{name}' is already bound")
                 known = known | {name}
         return known
+
+    def check_approval_notices(self, settings: Mapping[str, Any], path: str) -> None:
+        """Recipients are e-mail addresses, ``role:<role>`` or usernames (notifications.services)."""
+        for field in ("notify", "escalate_to"):
+            if field in settings:
+                try:
+                    notices.check_targets(settings[field], f"{path}/{field}", usernames=True)
+                except InvalidArgument as exc:
+                    for error in exc.errors or ():
+                        self.add(error["path"], "invalid_recipient", error["message"])
+        if "remind_every_seconds" in settings and "remind_after_seconds" not in settings:
+            self.add(
+                path + "/remind_every_seconds",
+                "missing_field",
+                "remind_every_seconds needs remind_after_seconds",
+            )
 
     def check_config(self, step: Mapping[str, Any], path: str, known: set[str]) -> None:
         action = registry.get_action(step["action"])
@@ -345,7 +396,7 @@ class _Checker:
             self.add(path + "/capability", "unknown_capability", f"unknown capability '{capability_id}'")
             return
         self.issues += _schema_errors(
-            Draft202012Validator(capability.input_schema),
+            json_schema.validator(capability.input_schema),
             action.target_args(config) if action.target_args else config,
             path + "/args",
             lenient=True,
@@ -355,14 +406,10 @@ class _Checker:
         schema = (self.definition.get("inputs") or {}).get("schema")
         if schema is None:
             return
-        try:
-            Draft202012Validator.check_schema(schema)
-        except SchemaError as exc:
-            self.add(
-                "/inputs/schema" + _pointer(exc.absolute_path),
-                "invalid_input_schema",
-                "not a valid JSON Schema",
-            )
+        problem = json_schema.schema_problem(schema)
+        if problem is not None:
+            where, message = problem
+            self.add("/inputs/schema" + where, "invalid_input_schema", f"not a valid JSON Schema: {message}")
             return
         for name, prop in (schema.get("properties") or {}).items():
             default = prop.get("default") if isinstance(prop, dict) else None
@@ -430,6 +477,14 @@ def validate_definition(
     """Every problem with ``definition`` (schema first; semantics only once the shape is right)."""
     if not isinstance(definition, dict):
         return [_issue("/", "schema_violation", "a definition must be a JSON object")]
+    if (size := definition_size(definition)) > MAX_DEFINITION_BYTES:
+        return [
+            _issue(
+                "/",
+                "too_large",
+                f"the definition is {size // 1024} KB; at most {MAX_DEFINITION_BYTES // 1024} KB",
+            )
+        ]
     issues = _schema_errors(_VALIDATOR, definition, "", lenient=False)
     if issues:
         return issues
@@ -442,7 +497,18 @@ def validate_definition(
     on_failure = (definition.get("execution") or {}).get("on_failure") or []
     checker.check_steps(on_failure, "/execution/on_failure", known, seen_ids, final=True)
     checker.check_execution()
+    approval = (definition.get("execution") or {}).get("approval")
+    if approval is not None:
+        checker.check_approval_notices(approval, "/execution/approval")
     return checker.issues
+
+
+def definition_size(definition: Any) -> int:
+    """Bytes of ``definition`` as compact UTF-8 JSON (more than the cap when it cannot be encoded)."""
+    try:
+        return len(json.dumps(definition, separators=(",", ":"), ensure_ascii=False).encode(errors="replace"))
+    except (TypeError, ValueError, RecursionError):
+        return MAX_DEFINITION_BYTES + 1
 
 
 def definition_json_schema() -> dict[str, Any]:

@@ -21,10 +21,11 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.db.models import Model
 from django.utils import timezone
-from jsonschema import Draft202012Validator
+from jsonschema.protocols import Validator
 
 from audit import writer
 from audit.models import Outcome
+from capabilities import json_schema
 from config import instruments, one_round_trip
 from config.celery import QUEUE_FAST, QUEUE_LONG, QUEUE_MEDIUM
 from config.errors import ServiceError
@@ -116,19 +117,20 @@ def last_fired_at(request: DispatchRequest, automation: Automation) -> datetime:
     return previous.first() or automation.created_at
 
 
-_input_validators: dict[tuple[Any, int], Draft202012Validator] = {}
+_input_validators: dict[tuple[Any, int], tuple[dict[str, Any], Validator]] = {}
 MAX_CACHED_VALIDATORS = 1024
 
 
-def _input_validator(schema: dict[str, Any], automation: Automation) -> Draft202012Validator:
+def _input_validator(schema: dict[str, Any], automation: Automation) -> Validator:
     """The compiled input-schema validator of this automation version (a version's definition never changes)."""
     key = (automation.pk, automation.version)
-    validator = _input_validators.get(key)
-    if validator is None or validator.schema is not schema and validator.schema != schema:
-        validator = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
-        if len(_input_validators) >= MAX_CACHED_VALIDATORS:
-            _input_validators.clear()
-        _input_validators[key] = validator
+    cached = _input_validators.get(key)
+    if cached is not None and (cached[0] is schema or cached[0] == schema):
+        return cached[1]
+    validator = json_schema.validator(schema, formats=True)  # regexes in RE2 (capabilities/json_schema.py)
+    if len(_input_validators) >= MAX_CACHED_VALIDATORS:
+        _input_validators.clear()
+    _input_validators[key] = (schema, validator)
     return validator
 
 

@@ -37,6 +37,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from config import seams
 from config.celery import app, queue_backlog
 
 from .models import Run, RunStatus
@@ -71,7 +72,7 @@ def publish_run(run_id: str, queue: str, *, countdown: float | None = None, care
     counted and stopped by ``AUTOPLANE_MAX_RECOVERIES`` instead of killing the next one.
     Re-sends are rare: they go through ``send_task``, which carries the keyword.
     """
-    direct = _redis_publish() if countdown is None and not careful else None
+    direct = _redis_publish() if countdown is None and not careful and _direct_allowed() else None
     if direct is not None and direct.usable():
         direct.publish(EXECUTE_TASK, [run_id], queue, on_lost=functools.partial(_not_published, run_id))
         return
@@ -79,6 +80,12 @@ def publish_run(run_id: str, queue: str, *, countdown: float | None = None, care
     app.send_task(
         EXECUTE_TASK, args=[run_id], kwargs=kwargs, queue=queue, countdown=countdown, ignore_result=True
     )
+
+
+def _direct_allowed() -> bool:
+    """The direct ``LPUSH`` writes Celery's message and kombu's envelope itself, on redis-py's
+    connection without its pool: only with the fast paths on and each of them within bounds."""
+    return seams.fast_path("celery") and seams.fast_path("kombu") and seams.fast_path("redis")
 
 
 @functools.cache

@@ -11,6 +11,10 @@
 
 A step whose action always asks a human (``require_approval``) is confirmed
 whatever the autonomy allows, except at A0 where everything is a preview.
+
+The workspace's policies (argument rules, credentials that always ask, quiet hours:
+``gate_policies``) can only tighten that: their ``block`` refuses the step even at A0,
+their ``ask`` confirms a step the matrix would allow.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from typing import Any
 from approvals import gate as approval_gates
 from approvals import policy
 from capabilities.base import Envelope, ErrorCode
+from notifications import services as notices
 
-from . import events
+from . import events, gate_policies
 from .models import Automation, Run, StepRun
 from .steps import PreparedStep
 
@@ -54,12 +59,22 @@ def explain(prepared: PreparedStep) -> str:
     return f" ({'; '.join(prepared.reasons)})" if prepared.reasons else ""
 
 
-def decision_for(prepared: PreparedStep, autonomy: str) -> policy.Decision:
+def decision_for(
+    prepared: PreparedStep, autonomy: str, forced: policy.Decision | None = None
+) -> policy.Decision:
+    """``forced``: what the workspace's policies say (BLOCK or CONFIRM); it never loosens the matrix."""
+    if forced == policy.Decision.BLOCK:
+        return forced
     if autonomy == "A0":
         return policy.Decision.PREVIEW
     if prepared.action.always_asks_human:
         return policy.Decision.CONFIRM
-    return policy.gate(autonomy, prepared.risk)
+    decision = policy.gate(autonomy, prepared.risk)
+    return (
+        policy.Decision.CONFIRM
+        if forced == policy.Decision.CONFIRM and decision == policy.Decision.ALLOW
+        else decision
+    )
 
 
 def gate(run: Run, step_run: StepRun, prepared: PreparedStep, autonomy: str) -> GateResult:
@@ -77,7 +92,8 @@ def _over_budget(run: Run, prepared: PreparedStep) -> bool:
 
 
 def _gate(run: Run, step_run: StepRun, prepared: PreparedStep, autonomy: str) -> GateResult:
-    decision = decision_for(prepared, autonomy)
+    forced = gate_policies.assess(run, prepared)
+    decision = decision_for(prepared, autonomy, forced.decision)
     if decision == policy.Decision.ALLOW:
         return PROCEED
     if decision == policy.Decision.PREVIEW:
@@ -86,8 +102,10 @@ def _gate(run: Run, step_run: StepRun, prepared: PreparedStep, autonomy: str) ->
         message = (
             f"a {prepared.risk.label}-risk step is not allowed at autonomy {autonomy}{explain(prepared)}"
         )
+        if forced.decision == policy.Decision.BLOCK:
+            message = f"blocked by {'; '.join(forced.reasons)}"
         return _refuse(ErrorCode.POLICY_VIOLATION, message, blocked=True)
-    verdict = approval_verdict(run, step_run, prepared, autonomy)
+    verdict = approval_verdict(run, step_run, prepared, autonomy, asked_because=forced.reasons)
     if verdict.status == "approved":
         return PROCEED
     if verdict.status == "pending":
@@ -106,6 +124,7 @@ def approval_verdict(
     step_key: str | None = None,
     constraint_subject: Any = None,
     extra: dict[str, Any] | None = None,
+    asked_because: tuple[str, ...] = (),
 ) -> approval_gates.Verdict:
     """The approval gate for a step (or an agent tool call) that needs a human: standing approval, or an Approval.
 
@@ -118,9 +137,11 @@ def approval_verdict(
         )
     request = prepared.gate_request(
         run, step_run, autonomy=autonomy, last_editor_id=automation["updated_by_id"], step_key=step_key,
-        constraint_subject=constraint_subject, extra=extra,
+        constraint_subject=constraint_subject, extra=extra, asked_because=asked_because,
     )  # fmt: skip
     verdict = approval_gates.check_step(request)
+    if verdict.status == "expired":  # on_expiry: re_request asks again, bound to the plan as rendered now
+        verdict = notices.re_request(request, prepared.step, run.snapshot.get("execution")) or verdict
     if verdict.created:
         events.publish(
             workspace_id=run.workspace_id, event_type="approval.requested", source="approvals",
@@ -131,4 +152,7 @@ def approval_verdict(
             },
             trace_id=run.trace_id, chain_depth=run.chain_depth + 1, parent_run_id=str(run.pk),
         )  # fmt: skip
+        notices.approval_requested(
+            approval_id=verdict.approval_id, step=prepared.step, execution=run.snapshot.get("execution")
+        )
     return verdict

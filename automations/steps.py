@@ -17,12 +17,12 @@ from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
-from jsonschema import Draft202012Validator
+from jsonschema.protocols import Validator
 
 from approvals import policy
 from approvals.gate import GateRequest
 from audit import writer
-from capabilities import registry
+from capabilities import json_schema, registry
 from capabilities.base import ActionDefinition, Capability, Envelope, ErrorCode, Risk, RiskInputs
 from workspaces.models import effective_quorum
 
@@ -59,6 +59,7 @@ class PreparedStep:
         step_key: str | None = None,
         constraint_subject: Any = None,
         extra: dict[str, Any] | None = None,
+        asked_because: tuple[str, ...] = (),
     ) -> GateRequest:
         """What an approver decides on: this exact rendered step (or agent tool call) of this run."""
         step_key = step_key or f"{step_run.phase}:{step_run.index}:{self.step_id}"
@@ -81,6 +82,7 @@ class PreparedStep:
             last_editor_id=last_editor_id,
             principal_ids=tuple(run.principal_ids or ()),
             always_asks_human=self.action.always_asks_human,
+            asked_because=asked_because,
             extra={"autonomy": autonomy, **(extra or {})},
             automation_version=run.automation_version,
             constraint_subject=constraint_subject,
@@ -89,8 +91,10 @@ class PreparedStep:
                 self.step.get("approvals_required", self.config.get("approvals_required", 1)),
                 run.workspace.min_approvals,
             ),
+            # A human checkpoint's own timeout (ask_human's timeout_seconds) wins over the run's.
             expires_in_seconds=int(
-                execution.get("approval_timeout_seconds", DEFAULT_APPROVAL_TIMEOUT_SECONDS)
+                (self.action.always_asks_human and self.config.get("timeout_seconds"))
+                or execution.get("approval_timeout_seconds", DEFAULT_APPROVAL_TIMEOUT_SECONDS)
             ),
             trace_id=run.trace_id,
         )
@@ -225,14 +229,14 @@ def risk_for(
     return policy.step_risk(capability, inputs, recipients=recipients)
 
 
-_validators: dict[str, Draft202012Validator] = {}
+_validators: dict[str, Validator] = {}
 
 
 def first_error(name: str, schema: Any, instance: Any, *, cache: bool = True) -> str | None:
     """The JSON pointer (without its leading slash) of the first schema error, if any."""
     validator = _validators.get(name) if cache else None
     if validator is None:
-        validator = Draft202012Validator(schema)
+        validator = json_schema.validator(schema)
         if cache:
             _validators[name] = validator
     errors = sorted(validator.iter_errors(instance), key=str)

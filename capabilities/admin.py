@@ -6,6 +6,8 @@ the same way.
 
 from __future__ import annotations
 
+import json
+
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.auth.base_user import AbstractBaseUser
@@ -98,7 +100,9 @@ class CredentialForm(forms.ModelForm):
     class Meta:
         model = Credential
         fields = ["workspace", "name", "kind", "metadata", "allowed_destinations", "allow_code_steps",
-                  "allowed_automations"]  # fmt: skip
+                  "allowed_automations", "approval_always"]  # fmt: skip
+        help_texts = {"approval_always": "Every step that uses this credential asks a human, whatever the autonomy "
+                                         "(a standing approval never covers it)."}  # fmt: skip
 
     def _secret_dict(self, kind: str) -> dict[str, str] | None:
         data = self.cleaned_data
@@ -132,7 +136,8 @@ class CredentialForm(forms.ModelForm):
             cleaned["grant"] = credentials.check_grant(
                 {"allowed_destinations": cleaned.get("allowed_destinations") or [],
                  "allow_code_steps": bool(cleaned.get("allow_code_steps")),
-                 "allowed_automations": cleaned.get("allowed_automations")}
+                 "allowed_automations": cleaned.get("allowed_automations"),
+                 "approval_always": bool(cleaned.get("approval_always"))}
             )  # fmt: skip
         except credentials.CredentialError as exc:
             raise forms.ValidationError(exc.message) from None
@@ -158,8 +163,8 @@ class CredentialUsedFilter(admin.SimpleListFilter):
 @admin.register(Credential)
 class CredentialAdmin(WorkspaceAdministeredAdmin):
     form = CredentialForm
-    list_display = ["name", "kind", "workspace", "updated_at", "created_by"]
-    list_filter = ["kind", "workspace", CredentialUsedFilter]
+    list_display = ["name", "kind", "workspace", "approval_always", "updated_at", "created_by"]
+    list_filter = ["kind", "workspace", "approval_always", CredentialUsedFilter]
     search_fields = ["name"]
     # encrypted_value is not a form field and not displayed anywhere.
     readonly_fields = ["created_at", "updated_at", "created_by"]
@@ -268,7 +273,7 @@ class McpServerAdmin(WorkspaceAdministeredAdmin):
     form = McpServerForm
     list_display = ["slug", "name", "workspace", "transport", "enabled", "last_harvested_at", "last_error"]
     list_filter = ["transport", "enabled", "workspace"]
-    search_fields = ["slug", "name", "url"]
+    search_fields = ["slug", "name"]  # not the URL: a viewer could test guesses at a secret in it
     readonly_fields = ["last_harvested_at", "last_error", "created_at", "updated_at"]
     inlines = [McpToolInline]
     actions = ["harvest_now"]
@@ -284,7 +289,30 @@ class McpServerAdmin(WorkspaceAdministeredAdmin):
 
     def get_readonly_fields(self, request, obj=None):
         fixed = ["workspace", "slug", "transport"] if obj else []
-        return [*fixed, *self.readonly_fields]
+        viewer = obj is not None and not self.administers(request, obj)
+        masked = ["url_masked", "env_masked", "command_masked"] if viewer else []
+        return [*fixed, *masked, *self.readonly_fields]
+
+    def get_fields(self, request, obj=None):
+        """A non-admin sees env keys with masked values, the URL without userinfo or query values and
+        the command with secret-looking flag values masked."""
+        fields = super().get_fields(request, obj)
+        if obj is not None and not self.administers(request, obj):
+            masked = {"url": "url_masked", "env": "env_masked", "command": "command_masked"}
+            return [masked.get(f, f) if isinstance(f, str) else f for f in fields]
+        return fields
+
+    @admin.display(description="URL")
+    def url_masked(self, obj):
+        return mcp.masked_url(obj.url)
+
+    @admin.display(description="command")
+    def command_masked(self, obj):
+        return json.dumps(mcp.masked_command(obj.command))
+
+    @admin.display(description="env")
+    def env_masked(self, obj):
+        return json.dumps(mcp.masked_env(obj.env))
 
     def save_model(self, request, obj, form, change):
         data = form.cleaned_data
@@ -331,7 +359,7 @@ class McpServerAdmin(WorkspaceAdministeredAdmin):
             except mcp.McpServiceError as exc:
                 self.message_user(request, f"{server.slug}: {exc.message}", messages.ERROR)
                 continue
-            level = messages.WARNING if counts["changed"] else messages.SUCCESS
+            level = messages.WARNING if counts["changed"] or counts["new"] else messages.SUCCESS
             self.message_user(request, f"{server.slug}: {counts}", level)
 
 
@@ -340,7 +368,7 @@ class NeedsReviewFilter(admin.SimpleListFilter):
     parameter_name = "review"
 
     def lookups(self, request, model_admin):
-        return [("yes", "changed since approval / disabled")]
+        return [("yes", "new, changed since approval or disabled")]
 
     def queryset(self, request, queryset):
         if self.value() == "yes":
@@ -355,7 +383,11 @@ class McpToolAdmin(WorkspaceAdministeredAdmin):
     list_display = ["capability", "workspace", "status_badge", "risk", "changed", "last_seen"]
     list_filter = [NeedsReviewFilter, "status", "risk_override", "server__workspace", "server"]
     search_fields = ["name", "server__slug", "description"]
-    ordering = ["status", "server__slug", "name"]  # "active" < "disabled" < "removed"; filter to review
+    ordering = [
+        "status",
+        "server__slug",
+        "name",
+    ]  # "active" < "disabled" < "pending" < "removed"; filter to review
     readonly_fields = [
         "server", "name", "description", "input_schema", "output_schema", "annotations", "schema_hash",
         "approved_hash", "status", "risk_override", "first_seen", "last_seen",
@@ -390,11 +422,16 @@ class McpToolAdmin(WorkspaceAdministeredAdmin):
     @admin.display(description="status", ordering="status")
     def status_badge(self, obj):
         colour = {
+            McpToolStatus.PENDING: "#c60",
             McpToolStatus.ACTIVE: "green",
             McpToolStatus.DISABLED: "#c00",
             McpToolStatus.REMOVED: "grey",
         }
-        label = obj.status.upper() if obj.status == McpToolStatus.DISABLED else obj.status
+        label = (
+            obj.status.upper()
+            if obj.status in (McpToolStatus.DISABLED, McpToolStatus.PENDING)
+            else obj.status
+        )
         return format_html('<b style="color:{}">{}</b>', colour.get(obj.status, "black"), label)
 
     @admin.display(description="risk")

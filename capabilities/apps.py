@@ -9,7 +9,7 @@ class CapabilitiesConfig(AppConfig):
     def ready(self) -> None:
         # MCP tools live in the database; the registry reaches them through these
         # hooks (no queries at import time, only when a capability is looked up).
-        from . import mcp, registry
+        from . import checks, mcp, registry  # noqa: F401 -- checks registers itself
 
         registry.external_lookup = mcp.capability_lookup
         registry.external_listing = mcp.capability_listing

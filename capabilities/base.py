@@ -255,6 +255,9 @@ class ActionContext:
     idempotency_key: str
     timeout_seconds: float
     egress_allowlist: tuple[str, ...] = ()
+    # Public addresses only, whatever the allowlists say: an agent-chosen URL no human
+    # approved (automations.agent_tools), redirect hops included.
+    public_egress_only: bool = False
     # resolve_credential(name, destination=url | None, code_step=bool): checks the credential's
     # grants for that use (capabilities.grants) before it decrypts anything.
     resolve_credential: Callable[..., Any] | None = None
@@ -270,6 +273,8 @@ class ActionContext:
     # resolved during this call is appended here by the resolver).
     secrets: list[str] = field(default_factory=list)
     preview: bool = False
+    # ask_human: the answer to this step's question ({value, freetext, decided_by, timed_out}), or None.
+    human_answer: Callable[[], Mapping[str, Any] | None] | None = None
     # The configured LLM client (raises LLM_NOT_CONFIGURED when there is none).
     resolve_llm: Callable[[], Any] | None = None
     # Every cost a handler incurs is charged here; the run's budget is checked on each charge.

@@ -293,6 +293,7 @@ def credential_create(
     allowed_destinations: Any = (),
     allow_code_steps: bool = False,
     allowed_automations: Any = None,
+    approval_always: bool = False,
     user=None,
 ) -> Credential:
     name = _check_name(name)
@@ -301,7 +302,7 @@ def credential_create(
     clean_metadata = check_metadata(kind, metadata)
     grant = check_grant(
         {"allowed_destinations": list(allowed_destinations), "allow_code_steps": allow_code_steps,
-         "allowed_automations": allowed_automations}
+         "allowed_automations": allowed_automations, "approval_always": approval_always}
     )  # fmt: skip
     if Credential.objects.filter(workspace=workspace, name=name).exists():
         raise CredentialError(
@@ -365,7 +366,9 @@ def credential_names(workspace_id: int) -> set[str]:
     return set(Credential.objects.filter(workspace_id=workspace_id).values_list("name", flat=True))
 
 
-GRANT_FIELDS = ("allowed_destinations", "allow_code_steps", "allowed_automations")
+# approval_always is no grant but a condition of every use (a step using it asks a human); it is
+# set, checked and audited the same way.
+GRANT_FIELDS = ("allowed_destinations", "allow_code_steps", "allowed_automations", "approval_always")
 
 
 def check_grant(grant: Mapping[str, Any]) -> dict[str, Any]:
@@ -383,10 +386,16 @@ def check_grant(grant: Mapping[str, Any]) -> dict[str, Any]:
         raise CredentialError(
             "INVALID_ARGUMENT", "allow_code_steps must be true or false", path="/allow_code_steps"
         )
+    always = grant.get("approval_always", False)
+    if not isinstance(always, bool):
+        raise CredentialError(
+            "INVALID_ARGUMENT", "approval_always must be true or false", path="/approval_always"
+        )
     return {
         "allowed_destinations": destinations,
         "allow_code_steps": code,
         "allowed_automations": automations,
+        "approval_always": always,
     }
 
 

@@ -18,6 +18,11 @@ told about). Everything above the TCP socket is unchanged: the request still
 carries ``Host: <name>``, and TLS still sends SNI for and verifies the
 certificate against the URL's hostname, because httpcore takes those from the
 request origin, not from the socket.
+
+Deny-list (``workspaces.denylist``): loopback, link-local and cloud metadata, the
+platform's own database and broker hosts and ``AUTOPLANE_EGRESS_DENYLIST`` are refused
+at connect time, every resolved address checked, whatever a workspace allowlists; only
+a deployment allowlist entry naming a denied target opens it.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from typing import Any
 import httpcore
 import httpx
 from django.conf import settings
+
+from workspaces import denylist
 
 from .base import ErrorCode, StepFailure
 
@@ -73,20 +80,6 @@ def is_forbidden_address(address: IPAddress) -> bool:
     )
 
 
-def _parse_allowlist(entries: Iterable[str]) -> tuple[set[str], list[IPNetwork]]:
-    hosts: set[str] = set()
-    networks: list[IPNetwork] = []
-    for raw in entries:
-        entry = raw.strip().lower()
-        if not entry:
-            continue
-        try:
-            networks.append(ipaddress.ip_network(entry.strip("[]"), strict=False))
-        except ValueError:
-            hosts.add(entry.rstrip("."))
-    return hosts, networks
-
-
 def parse_url(url: str | httpx.URL) -> httpx.URL:
     try:
         parsed = httpx.URL(url)
@@ -109,9 +102,20 @@ def resolve_url(url: str | httpx.URL, allowlist: Iterable[str]) -> tuple[str, ..
     parsed = parse_url(url)
     host = connect_host(parsed)
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    # The deny-list first, whatever the allowlists say.
+    deny = denylist.denylist()
+    opened_hosts, opened_networks = denylist.deployment_opened(deny)
+    names = {host.rstrip("."), parsed.host.rstrip(".").lower()}
+    opened = bool(names & opened_hosts)
+    if not opened and any(deny.denies_host(name) for name in names):
+        raise _denied(parsed.host, parsed.host)
     addresses = _resolve(host, port)
+    if not opened:
+        for text in addresses:
+            if deny.denies_address(ipaddress.ip_address(text), opened_networks):
+                raise _denied(parsed.host, text)
 
-    hosts, networks = _parse_allowlist(allowlist)
+    hosts, networks = denylist.parse_entries(allowlist)
     if {host.rstrip("."), parsed.host.rstrip(".")} & hosts:
         return addresses
     for text in addresses:
@@ -125,6 +129,33 @@ def resolve_url(url: str | httpx.URL, allowlist: Iterable[str]) -> tuple[str, ..
                 detail=f"{parsed.host} -> {text}",
             )
     return addresses
+
+
+def reaches_non_public(url: str | httpx.URL) -> bool:
+    """True if ``url``'s host is deny-listed or resolves to any address that is not plain public
+    unicast (whatever an allowlist says). A URL that is invalid or does not resolve is not
+    judged here: fetching it fails on its own."""
+    try:
+        parsed = parse_url(url)
+        host = connect_host(parsed)
+        deny = denylist.denylist()
+        if deny.denies_host(host):
+            return True
+        addresses = _resolve(host, parsed.port or (443 if parsed.scheme == "https" else 80))
+    except StepFailure:
+        return False
+    return any(
+        is_forbidden_address(ipaddress.ip_address(text)) or deny.denies_address(ipaddress.ip_address(text))
+        for text in addresses
+    )
+
+
+def _denied(host: str, target: str) -> StepFailure:
+    return StepFailure(
+        ErrorCode.POLICY_VIOLATION,
+        f"requests to {host} are not allowed: it is on the platform's egress deny-list",
+        detail=f"{host} -> {target}",
+    )
 
 
 def _resolve(host: str, port: int) -> tuple[str, ...]:

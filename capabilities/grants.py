@@ -6,7 +6,9 @@ on the credential itself (SPEC §5.2, issue 12):
 
 - ``allowed_destinations``: hosts (``api.example.com``, ``*.example.com`` for subdomains,
   ``host:8443`` for one port) or URL prefixes (``https://api.example.com/v1/``: scheme,
-  host and port equal, path under the prefix). ``http_request`` sends the credential only
+  host and port equal, path under the prefix once both are normalised as a server reads
+  them: ``%2e%2e`` and ``..;`` resolved, ``//`` collapsed; an encoded ``/`` or ``\\``
+  matches no prefix). ``http_request`` sends the credential only
   there; any other destination fails the step with ``POLICY_VIOLATION``, and a redirect
   hop outside them goes on without the credential. Empty (the default): nowhere.
 - ``allow_code_steps``: whether ``run_python``/``run_shell`` may receive it in their
@@ -56,8 +58,60 @@ class Grant:
         return any(_matches(entry, url) for entry in self.allowed_destinations)
 
 
+_UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def normalise_path(path: str) -> str | None:
+    """``path`` as a server resolves it, for comparing with a grant's prefix; None when it is
+    ambiguous and matches no prefix.
+
+    Percent-encoded unreserved characters are decoded (``%2e`` is ``.``, other escapes keep
+    their octets, upper-cased), runs of ``/`` collapse, and dot segments are resolved (RFC
+    3986 5.2.4), a segment whose part before ``;`` is a dot segment counting as one
+    (``..;/``, as some servers read it). An encoded slash or backslash (``%2f``, ``%5c``), a
+    literal backslash, a broken escape or an encoded NUL make the path ambiguous: servers
+    disagree on them.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(path):
+        char = path[i]
+        if char == "%":
+            code = path[i + 1 : i + 3]
+            if len(code) != 2 or not set(code) <= _HEX:
+                return None
+            decoded = chr(int(code, 16))
+            if decoded in "/\\\0":
+                return None
+            out.append(decoded if decoded in _UNRESERVED else "%" + code.upper())
+            i += 3
+            continue
+        if char == "\\":
+            return None
+        out.append(char)
+        i += 1
+    segments: list[str] = []
+    parts = "".join(out).split("/")
+    for index, segment in enumerate(parts):
+        last = index == len(parts) - 1
+        dots = segment.split(";", 1)[0]
+        if dots == "..":
+            if segments:
+                segments.pop()
+            if last:
+                segments.append("")
+        elif dots == ".":
+            if last:
+                segments.append("")
+        elif segment or last:
+            segments.append(segment)
+    return "/" + "/".join(segments)
+
+
 def _split(url: str) -> tuple[str, str, int | None, str] | None:
-    """(scheme, host, port, path) of an absolute http(s) URL; None if it is not one."""
+    """(scheme, host, port, normalised path) of an absolute http(s) URL; None if it is not one
+    (or its path is ambiguous, see :func:`normalise_path`)."""
     try:
         parts = urlsplit(url.strip())
         scheme, host, port = parts.scheme.lower(), (parts.hostname or "").lower().rstrip("."), parts.port
@@ -65,7 +119,17 @@ def _split(url: str) -> tuple[str, str, int | None, str] | None:
         return None
     if scheme not in _DEFAULT_PORTS or not host:
         return None
-    return scheme, host, port or _DEFAULT_PORTS[scheme], parts.path or "/"
+    path = normalise_path(parts.path or "/")
+    if path is None:
+        return None
+    return scheme, host, port or _DEFAULT_PORTS[scheme], path
+
+
+def _under(path: str, prefix: str) -> bool:
+    """``path`` is ``prefix`` or lies below it, segment-wise (``/v1`` covers ``/v1/x``, not ``/v1x``)."""
+    if prefix.endswith("/"):
+        return path.startswith(prefix) or path == prefix[:-1]
+    return path == prefix or path.startswith(prefix + "/")
 
 
 def _matches(entry: str, url: str) -> bool:
@@ -77,7 +141,7 @@ def _matches(entry: str, url: str) -> bool:
         prefix = _split(entry)
         if prefix is None:
             return False
-        return (prefix[0], prefix[1], prefix[2]) == (scheme, host, port) and path.startswith(prefix[3])
+        return (prefix[0], prefix[1], prefix[2]) == (scheme, host, port) and _under(path, prefix[3])
     name, _, wanted_port = entry.lower().partition(":")
     if wanted_port and int(wanted_port) != port:
         return False

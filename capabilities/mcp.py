@@ -32,10 +32,10 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from django.db import transaction
 from django.utils import timezone
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from audit import writer
@@ -43,7 +43,7 @@ from audit.models import Outcome
 from audit.redaction import redact
 from config.errors import ServiceError
 
-from . import egress, mcp_client
+from . import egress, json_schema, mcp_client
 from .base import ActionContext, Capability, Envelope, ErrorCode, Risk, SideEffect, StepFailure
 from .credentials import credential_resolve
 from .models import Credential, CredentialKind, McpServer, McpTool, McpToolStatus, McpTransport, RiskLevel
@@ -172,7 +172,8 @@ def mcp_server_create(
         enabled=enabled, **fields,
     )  # fmt: skip
     _audit(server, "mcp.server.created", f"MCP server {slug} ({transport}) added", user=user, outcome=Outcome.SUCCESS,
-           payload={"transport": transport, "url": fields["url"], "command": fields["command"],
+           # Masked as viewers see them: the ledger is readable by every member and never changes.
+           payload={"transport": transport, "url": masked_url(fields["url"]), "command": masked_command(fields["command"]),
                     "credential": credential.name if credential else None})  # fmt: skip
     return server
 
@@ -274,6 +275,66 @@ def connection_for(server: McpServer, *, timeout: float, secrets: list[str], tra
     )  # fmt: skip
 
 
+# --- what a viewer sees ----------------------------------------------------------------
+
+MASK = "***"
+
+
+def masked_url(url: str) -> str:
+    """``url`` without what can hold a literal secret: userinfo, query values and fragment masked."""
+    if not url:
+        return url
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = parts.port
+    except ValueError:
+        return MASK
+    netloc = f"[{host}]" if ":" in host else host
+    if port is not None:
+        netloc += f":{port}"
+    if parts.username is not None or parts.password is not None:
+        netloc = f"{MASK}@{netloc}"
+    query = "&".join(f"{pair.split('=', 1)[0]}={MASK}" if "=" in pair else MASK
+                     for pair in parts.query.split("&") if pair)  # fmt: skip
+    return urlunsplit((parts.scheme, netloc, parts.path, query, MASK if parts.fragment else ""))
+
+
+_SECRET_FLAG = re.compile(r"(?i)^-{1,2}[\w.-]*(token|key|secret|passw|pwd|auth|credential|bearer)[\w.-]*$")
+
+
+def masked_command(argv: list[Any] | None) -> list[str]:
+    """``argv`` with what looks like a literal secret masked: the value of a ``--token``/``--api-key``/...
+    flag (``--token X`` or ``--token=X``) and the userinfo and query of a URL argument."""
+    shown: list[str] = []
+    hide_next = False
+    for arg in argv or []:
+        text = str(arg)
+        flag, eq, _value = text.partition("=")
+        if hide_next:
+            shown.append(MASK)
+            hide_next = False
+        elif eq and _SECRET_FLAG.match(flag):
+            shown.append(f"{flag}={MASK}")
+        elif _SECRET_FLAG.match(text):
+            shown.append(text)
+            hide_next = True
+        elif "://" in text:
+            shown.append(masked_url(text))
+        else:
+            shown.append(text)
+    return shown
+
+
+def masked_env(env: Mapping[str, Any] | None) -> dict[str, str]:
+    """``env``'s keys with every literal value masked (a ``$credential`` reference is no secret)."""
+    return {
+        key: value if isinstance(value, str) and (value == CREDENTIAL_REF or value.startswith(CREDENTIAL_REF + "."))
+        else MASK
+        for key, value in (env or {}).items()
+    }  # fmt: skip
+
+
 # --- harvest ---------------------------------------------------------------------
 
 
@@ -295,9 +356,11 @@ def _record_listing(server: McpServer, tool: McpTool | None, info: mcp_client.To
     """
     if tool is None:
         assert info is not None
-        tool = McpTool.objects.create(server=server, name=info.name, approved_hash=info.hash,
-                                      status=McpToolStatus.ACTIVE, last_seen=now, **_tool_fields(info))  # fmt: skip
-        _audit(server, "mcp.tool.added", f"MCP tool {server.slug}.{info.name} discovered (untrusted: high risk)",
+        # A new tool waits for an admin like a changed one: nothing about it is trusted yet.
+        tool = McpTool.objects.create(server=server, name=info.name, approved_hash="",
+                                      status=McpToolStatus.PENDING, last_seen=now, **_tool_fields(info))  # fmt: skip
+        _audit(server, "mcp.tool.added",
+               f"MCP tool {server.slug}.{info.name} discovered: pending until an admin approves it",
                actor=actor, trace_id=trace_id, refs={"mcp_tool": str(tool.pk)},
                payload={"tool": info.name, "schema_hash": info.hash, "annotations": info.annotations})  # fmt: skip
         return "new"
@@ -319,18 +382,22 @@ def _record_listing(server: McpServer, tool: McpTool | None, info: mcp_client.To
     for name, value in _tool_fields(info).items():
         setattr(tool, name, value)
     # Exactly what an admin approved may run again; anything else waits for re-approval.
-    tool.status = McpToolStatus.ACTIVE if new_hash == tool.approved_hash else McpToolStatus.DISABLED
+    if new_hash == tool.approved_hash:
+        tool.status = McpToolStatus.ACTIVE
+    else:  # never approved: still pending; approved before: disabled until re-approved
+        tool.status = McpToolStatus.DISABLED if tool.approved_hash else McpToolStatus.PENDING
     tool.save(update_fields=[*_tool_fields(info), "status", "last_seen"])
     if old_hash == new_hash:  # it had been removed and is offered again, unchanged
         _audit(server, "mcp.tool.restored", f"MCP tool {server.slug}.{tool.name} is offered again ({tool.status})",
                actor=actor, trace_id=trace_id, refs={"mcp_tool": str(tool.pk)}, payload={"tool": tool.name})  # fmt: skip
         return "restored"
     outcome = Outcome.FAILURE if tool.status == McpToolStatus.DISABLED else Outcome.INFO
-    summary = (
-        f"MCP tool {server.slug}.{tool.name} changed since it was approved: disabled until an admin re-approves it"
-        if tool.status == McpToolStatus.DISABLED
-        else f"MCP tool {server.slug}.{tool.name} is back to its approved definition"
-    )
+    summary = {
+        McpToolStatus.DISABLED: f"MCP tool {server.slug}.{tool.name} changed since it was approved: "
+        "disabled until an admin re-approves it",
+        McpToolStatus.PENDING: f"MCP tool {server.slug}.{tool.name} changed before anyone approved it: "
+        "still pending",
+    }.get(tool.status, f"MCP tool {server.slug}.{tool.name} is back to its approved definition")
     _audit(server, "mcp.tool.changed", summary, actor=actor, trace_id=trace_id, outcome=outcome,
            refs={"mcp_tool": str(tool.pk)},
            payload={"tool": tool.name, "previous_status": was, "status": tool.status, "previous_hash": old_hash,
@@ -350,7 +417,7 @@ def _unusable(info: mcp_client.ToolInfo) -> str:
         if not isinstance(schema, dict):
             return f"{label} schema is not an object"
         try:
-            Draft202012Validator.check_schema(schema)
+            json_schema.check_schema(schema)
         except SchemaError:
             return f"{label} schema is not a valid JSON Schema"
     return ""

@@ -34,6 +34,8 @@ class Credential(models.Model):
     allowed_destinations = models.JSONField(default=list, blank=True)
     allow_code_steps = models.BooleanField(default=False)
     allowed_automations = models.JSONField(null=True, blank=True, default=None)
+    # Every step that uses it asks a human, whatever the autonomy (a standing approval never covers it).
+    approval_always = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     created_by = models.ForeignKey(
@@ -88,6 +90,9 @@ class McpServer(models.Model):
 
 
 class McpToolStatus(models.TextChoices):
+    # Newly listed by its server: nobody has approved it yet, so it is not callable, not
+    # offered to agents or drafting, and no glob allowlist picks it up until an admin approves.
+    PENDING = "pending"
     ACTIVE = "active"
     # Its description or schemas changed since an admin approved it (rug-pull guard).
     DISABLED = "disabled"
@@ -112,7 +117,7 @@ class McpTool(models.Model):
     # sha256 of the canonical JSON of description + input/output schema.
     schema_hash = models.CharField(max_length=64)
     approved_hash = models.CharField(max_length=64, blank=True, default="")
-    status = models.CharField(max_length=16, choices=McpToolStatus.choices, default=McpToolStatus.ACTIVE)
+    status = models.CharField(max_length=16, choices=McpToolStatus.choices, default=McpToolStatus.PENDING)
     # Untrusted by default: the capability is high risk until an admin says otherwise.
     risk_override = models.CharField(max_length=16, choices=RiskLevel.choices, null=True, blank=True)
     first_seen = models.DateTimeField(auto_now_add=True)

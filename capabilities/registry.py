@@ -21,6 +21,7 @@ ACTIONS: dict[str, str] = {
     "wait": "capabilities.builtin.wait.ACTION",
     "call_capability": "capabilities.builtin.call_capability.ACTION",
     "require_approval": "capabilities.builtin.require_approval.ACTION",
+    "ask_human": "capabilities.builtin.ask_human.ACTION",
     "run_python": "capabilities.builtin.code.RUN_PYTHON",
     "run_shell": "capabilities.builtin.code.RUN_SHELL",
     "agent_task": "capabilities.builtin.agent_task.ACTION",

@@ -403,12 +403,19 @@ class BubblewrapBackend:
         args += ["--proc", "/proc", "--dev", "/dev"]
         for tmpfs in ("/tmp", "/dev/shm"):  # noqa: S108 -- fresh, private tmpfs mounts
             args += ["--size", tmpfs_size, "--tmpfs", tmpfs]
+        for path, is_dir in _worker_private_paths(bound=self._bound_roots()):
+            # The worker's own files (data dir, keys, the project) never show through a system bind.
+            args += ["--tmpfs", path] if is_dir else ["--ro-bind", "/dev/null", path]
         args += ["--bind", str(run_dir.workspace), "/workspace", "--chdir", "/workspace"]
         args += ["--remount-ro", "/dev", "--remount-ro", "/"]  # only /workspace and the tmpfs stay writable
         args.append("--clearenv")
         for key, value in {**BASE_ENV, **request.env}.items():
             args += ["--setenv", key, value]
         return [*args, "--", *_limits_argv(request)]
+
+    def _bound_roots(self) -> list[str]:
+        roots = ["/usr", *(f"/{name}" for name in self.system_dirs if not os.path.islink(f"/{name}"))]
+        return roots + [f"/etc/{name}" for name in self.etc_binds]
 
     def run(self, request: SandboxRequest) -> SandboxResult:
         run_dir = _RunDir(request, owner=_drop_to())
@@ -449,6 +456,28 @@ def _wait_for_pid_namespace(info_fd: int, timeout: float = 2.0) -> None:
             return
         time.sleep(0.002)
     logger.warning("sandbox init %s still running %.1fs after bwrap exited", init_pid, timeout)
+
+
+def _worker_private_paths(bound: list[str]) -> list[tuple[str, bool]]:
+    """The worker's private paths (its data dir, signing key file, the project directory) that
+    lie under one of the ``bound`` host trees, as (path, is_dir): those the sandbox must hide."""
+    try:
+        from django.conf import settings
+    except ImportError:
+        return []
+    if not settings.configured:
+        return []
+    candidates = [settings.DATA_DIR, settings.AUTOPLANE_SIGNING_KEY_FILE, settings.BASE_DIR]
+    found: list[tuple[str, bool]] = []
+    for candidate in candidates:
+        try:
+            path = Path(candidate).resolve()
+        except (OSError, TypeError, ValueError):
+            continue
+        if not path.exists() or not any(path.is_relative_to(Path(root).resolve()) for root in bound):
+            continue
+        found.append((str(path), path.is_dir()))
+    return found
 
 
 class SubprocessBackend:
@@ -499,6 +528,10 @@ def backend_from_settings() -> SandboxBackend:
     if not settings.configured:
         return get_backend(name)
     name = settings.AUTOPLANE_SANDBOX_BACKEND
+    if name == "subprocess" and not settings.AUTOPLANE_SANDBOX_INSECURE:
+        raise SandboxUnavailable(
+            "AUTOPLANE_SANDBOX_BACKEND=subprocess runs code unisolated; it needs AUTOPLANE_SANDBOX_INSECURE=true"
+        )
     if name == "bubblewrap":
         return BubblewrapBackend(bwrap=settings.AUTOPLANE_BWRAP_PATH or "bwrap")
     return get_backend(name)

@@ -15,6 +15,7 @@ urlpatterns = [
     path("", include("automations.api.urls")),
     path("", include("capabilities.api.urls")),
     path("", include("approvals.api.urls")),
+    path("", include("notifications.api.urls")),
     path("", include("triggers.api.urls")),
     path("", include("workspaces.api.urls")),
 ]

@@ -29,10 +29,13 @@ import weakref
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db import DatabaseError, DataError, OperationalError, connections
 from django.db.models import Field, Model, QuerySet
 from django.db.models.expressions import RawSQL
 from django.db.models.sql import InsertQuery, UpdateQuery
+
+from config import seams
 
 Statement = tuple[str, list[Any]]
 
@@ -47,7 +50,7 @@ try:
     # (its UPDATE, step rows, event and five audit entries) and were parsed afresh each run
     # (~0.3 ms of the worker's CPU). The same few shapes recur, so let them be cached too
     # (psycopg's LRU cache still holds at most 128 queries, each at most 4 kB of text).
-    if getattr(_psycopg_queries, "MAX_CACHED_STATEMENT_PARAMS", 1000) < 200:
+    if getattr(_psycopg_queries, "MAX_CACHED_STATEMENT_PARAMS", 1000) < 200 and seams.fast_path("psycopg"):
         _psycopg_queries.MAX_CACHED_STATEMENT_PARAMS = 200
 except ImportError:  # no psycopg (SQLite only): never compared
     _IDLE = None
@@ -60,7 +63,8 @@ except ImportError:  # no psycopg (SQLite only): never compared
 # ``EXECUTE name(<the same literals>)`` in the same simple-protocol query: the same round trips,
 # transaction and quoting; PostgreSQL only keeps the parse and the plan (the server's time for a
 # run's final query: ~0.3 ms less). A new statement's PREPARE goes in the query that first
-# executes it. See docs/operations.md on poolers.
+# executes it. ``AUTOPLANE_PREPARED_STATEMENTS=off`` sends every statement as its text instead
+# (for a transaction pooler). See docs/operations.md on poolers.
 
 PREPARED_PREFIX = "autoplane_q_"
 _MAX_PREPARED = 32  # statements per database session; any further one goes as text
@@ -152,7 +156,10 @@ def _shape(sql: str, params: Any) -> _Shape | None:
 
 def _prepared(connection: Any, statements: list[Statement]) -> tuple[list[str], list[Statement], list[str]]:
     """The PREPAREs to send first, the statements as sent (``EXECUTE`` where prepared), the names
-    the PREPAREs add to the session."""
+    the PREPAREs add to the session. With ``AUTOPLANE_PREPARED_STATEMENTS`` off (a transaction
+    pooler): none, the statements as given."""
+    if not settings.AUTOPLANE_PREPARED_STATEMENTS:
+        return [], statements, []
     connection.ensure_connection()
     raw = connection.connection
     known = _sessions.get(raw, ())
@@ -327,6 +334,35 @@ def execute(statements: list[Statement], using: str = "default") -> None:
             return
 
 
+def select(sql: str, params: list[Any], using: str = "default") -> list[tuple[Any, ...]]:
+    """The rows of ``sql`` (one statement), on PostgreSQL prepared once per database session like
+    the writes (the webhook's trigger lookup). Outside a transaction, a session that lost the
+    statement or already has it (``DISCARD ALL``, a pooler handing over another session) is asked
+    what it holds and the statement sent again; inside one, :class:`StatementsOutOfStep` is raised."""
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall()
+    for attempt in (1, 2):
+        prepares, [(text, sent_params)], new = _prepared(connection, [(sql, params)])
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(";\n".join([*prepares, text]), sent_params)
+                for _ in prepares:
+                    cursor.nextset()
+                rows = cursor.fetchall()
+        except DatabaseError as exc:
+            if not _out_of_step(connection, exc, new):
+                raise
+            if attempt == 2 or connection.in_atomic_block:
+                raise StatementsOutOfStep(str(exc)) from exc
+            continue
+        _sent(connection, new)
+        return rows
+    raise AssertionError("unreachable")
+
+
 # The multi-row INSERT's text per (model, database alias, number of rows).
 _insert_many_sql: dict[tuple[type[Model], str, int], str] = {}
 
@@ -371,7 +407,7 @@ def _column_names(cursor: Any) -> list[str]:
     # On psycopg, read from the result itself: cursor.description makes a Column object per
     # column (the claim's ~40: ~28 us, 2 us this way). Django's psycopg connections are UTF8.
     result = getattr(cursor, "pgresult", None)
-    if result is None:
+    if result is None or not seams.fast_path("psycopg"):
         return [column[0] for column in cursor.description]
     name = result.fname
     return [name(i).decode() for i in range(result.nfields)]
@@ -389,7 +425,8 @@ def first_in_transaction(
     query: one round trip fewer, the same transaction. psycopg then sees the transaction open
     (and sends no ``BEGIN`` of its own for what follows); its ``COMMIT`` and ``ROLLBACK`` and
     Django's atomic block work as usual. Anywhere else (a transaction already open, autocommit,
-    SQLite, pipeline mode) it is a plain ``execute``.
+    SQLite, pipeline mode, ``AUTOPLANE_FAST_PATHS=off``, a psycopg outside :mod:`config.seams`' bounds)
+    it is a plain ``execute``.
     """
     connection = connections[using]
     prepares: list[str] = []
@@ -406,6 +443,7 @@ def first_in_transaction(
                 and getattr(raw, "_pipeline", True) is None
                 and hasattr(raw, "_autocommit")
                 and raw.pgconn.transaction_status == _IDLE
+                and seams.fast_path("psycopg")
             ):
                 begin = raw._get_tx_start_command().decode()
                 raw._autocommit = True  # for this query only: its BEGIN is in the query, not sent before it

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
 
@@ -74,6 +75,12 @@ SESSION_COOKIE_SECURE = env.bool("DJANGO_SESSION_COOKIE_SECURE", default=False)
 CSRF_COOKIE_SECURE = env.bool("DJANGO_CSRF_COOKIE_SECURE", default=False)
 if env.bool("DJANGO_SECURE_PROXY_SSL_HEADER", default=False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Reverse proxies in front of the web server that append the client's address to
+# X-Forwarded-For (config/client_address.py): the client is read that many entries
+# from the right. 0 (no proxy): REMOTE_ADDR, and the header is ignored.
+AUTOPLANE_TRUSTED_PROXY_HOPS = env.int("AUTOPLANE_TRUSTED_PROXY_HOPS", default=0)
+if not 0 <= AUTOPLANE_TRUSTED_PROXY_HOPS <= 10:
+    raise ImproperlyConfigured("AUTOPLANE_TRUSTED_PROXY_HOPS must be between 0 and 10")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -88,10 +95,12 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "django_json_widget",  # its static JSONEditor (code editor + JSON schema checks) for the definition field
     "django_celery_beat",
+    "axes",  # admin login throttling (AXES_* below)
     "audit",
     "workspaces",
     "capabilities",
     "approvals",
+    "notifications",
     "automations",
     "triggers",
     "mcpserver",
@@ -108,7 +117,29 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: answers a locked-out login attempt with 429
 ]
+
+# Admin login throttling (django-axes): after AUTOPLANE_LOGIN_FAILURE_LIMIT failed logins for
+# one username from one client address (config/client_address.py), that pair is refused, right
+# password or not, for AUTOPLANE_LOGIN_COOLOFF_MINUTES; a success before the limit resets the count.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AUTOPLANE_LOGIN_FAILURE_LIMIT = env.int("AUTOPLANE_LOGIN_FAILURE_LIMIT", default=5)
+AUTOPLANE_LOGIN_COOLOFF_MINUTES = env.float("AUTOPLANE_LOGIN_COOLOFF_MINUTES", default=15.0)
+if AUTOPLANE_LOGIN_FAILURE_LIMIT < 1 or AUTOPLANE_LOGIN_COOLOFF_MINUTES <= 0:
+    raise ImproperlyConfigured(
+        "AUTOPLANE_LOGIN_FAILURE_LIMIT must be >= 1, AUTOPLANE_LOGIN_COOLOFF_MINUTES > 0"
+    )
+AXES_FAILURE_LIMIT = AUTOPLANE_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(minutes=AUTOPLANE_LOGIN_COOLOFF_MINUTES)
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_CLIENT_IP_CALLABLE = "config.client_address.request_client_address"
+AXES_RESET_ON_SUCCESS = True
+AXES_HTTP_RESPONSE_CODE = 429
+AXES_VERBOSE = False  # no banner on stdout at start (it would land in `doctor --json` and the like)
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
@@ -159,6 +190,28 @@ elif _db["ENGINE"] in ("django.db.backends.postgresql",):
 else:
     raise ImproperlyConfigured("DATABASE_URL must point at PostgreSQL or SQLite")
 DATABASE_IS_SQLITE = _db["ENGINE"] == "django.db.backends.sqlite3"
+# What sits between the processes and PostgreSQL: "" (nothing, or a pooler in session mode) or
+# "transaction" (e.g. PgBouncer's pool_mode = transaction: each transaction may run on another
+# server session). With "transaction", nothing may rely on session state: no server-side cursors
+# and no SQL-level prepared statements (AUTOPLANE_PREPARED_STATEMENTS then defaults to off).
+DATABASE_POOLER = env.str("DATABASE_POOLER", default="").lower()
+if DATABASE_POOLER not in ("", "session", "transaction"):
+    raise ImproperlyConfigured("DATABASE_POOLER must be empty, 'session' or 'transaction'")
+# The hot path's statements PREPAREd once per PostgreSQL session and sent as EXECUTE (on); off:
+# every statement is sent as its plain text, and no PREPARE is ever sent.
+AUTOPLANE_PREPARED_STATEMENTS = env.bool(
+    "AUTOPLANE_PREPARED_STATEMENTS", default=DATABASE_POOLER != "transaction"
+)
+# The fast paths that reach past a library's public API (config/seams.py: psycopg's BEGIN fold,
+# the direct LPUSH of a task message, the pool-less Redis connection); off: the public path.
+AUTOPLANE_FAST_PATHS = env.bool("AUTOPLANE_FAST_PATHS", default=True)
+if DATABASE_POOLER == "transaction" and not DATABASE_IS_SQLITE:
+    if AUTOPLANE_PREPARED_STATEMENTS:
+        raise ImproperlyConfigured(
+            "AUTOPLANE_PREPARED_STATEMENTS must be off with DATABASE_POOLER=transaction: a transaction"
+            " pooler hands each transaction another server session, which lacks the prepared statements"
+        )
+    _db["DISABLE_SERVER_SIDE_CURSORS"] = True
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -240,6 +293,19 @@ AUTOPLANE_SIGNING_KEY_AUTOGENERATE = env.bool(
 # Threads per web process that run Django views (ops/asgi.py); each keeps its own
 # database connection. Requests are read on the event loop before they get one.
 AUTOPLANE_WEB_THREADS = env.int("AUTOPLANE_WEB_THREADS", default=4)
+# /metrics and /healthz (ops/access.py): with a token set, /metrics needs
+# "Authorization: Bearer <token>" or a staff session; /healthz tells an anonymous caller
+# its status only ("private", the default) or its whole report ("public").
+AUTOPLANE_METRICS_TOKEN = env.str("AUTOPLANE_METRICS_TOKEN", default="")
+AUTOPLANE_HEALTHZ_DETAILS = env.str("AUTOPLANE_HEALTHZ_DETAILS", default="private")
+if AUTOPLANE_HEALTHZ_DETAILS not in ("private", "public"):
+    raise ImproperlyConfigured("AUTOPLANE_HEALTHZ_DETAILS must be private or public")
+# A request's whole body must arrive within this many seconds of its headers (else 408);
+# it is read on the event loop, up to DATA_UPLOAD_MAX_MEMORY_SIZE (else 413), before a
+# thread is taken, so a client trickling its body holds a socket, never a thread.
+AUTOPLANE_BODY_READ_TIMEOUT_SECONDS = env.float("AUTOPLANE_BODY_READ_TIMEOUT_SECONDS", default=20.0)
+if not 0 < AUTOPLANE_BODY_READ_TIMEOUT_SECONDS <= 600:
+    raise ImproperlyConfigured("AUTOPLANE_BODY_READ_TIMEOUT_SECONDS must be above 0 and at most 600")
 # The audit sequencer (docs/audit.md): appends wait at most this long before they
 # are chained (reported by /healthz and /metrics); the sequencer polls every
 # INTERVAL and chains at most BATCH entries of a chain per transaction.
@@ -260,6 +326,13 @@ if not 0 <= AUTOPLANE_AUDIT_SEQUENCER_NICE <= 19:
     raise ImproperlyConfigured("AUTOPLANE_AUDIT_SEQUENCER_NICE must be between 0 and 19")
 AUTOPLANE_AUDIT_CHECKPOINT_SECONDS = env.int("AUTOPLANE_AUDIT_CHECKPOINT_SECONDS", default=300)
 AUTOPLANE_AUDIT_MAX_PAYLOAD_BYTES = env.int("AUTOPLANE_AUDIT_MAX_PAYLOAD_BYTES", default=64 * 1024)
+# GET /api/v1/audit/verify serves stored results (audit/verifications.py): beat verifies every
+# chain incrementally this often, and a result older than this is refreshed (incrementally)
+# on read. A full walk through the API is for admins, once per chain per interval.
+AUTOPLANE_AUDIT_VERIFY_SECONDS = env.int("AUTOPLANE_AUDIT_VERIFY_SECONDS", default=600)
+AUTOPLANE_AUDIT_FULL_VERIFY_INTERVAL_SECONDS = env.int(
+    "AUTOPLANE_AUDIT_FULL_VERIFY_INTERVAL_SECONDS", default=900
+)
 # Audit ledger truncation (docs/audit.md, "Retention"): 0 keeps the ledger forever.
 AUTOPLANE_AUDIT_RETENTION_DAYS = env.int("AUTOPLANE_AUDIT_RETENTION_DAYS", default=0)
 # Where truncated prefixes are archived (audit_export's format); empty: DATA_DIR/audit-exports.
@@ -279,13 +352,28 @@ AUTOPLANE_RUN_RETENTION_BATCH = env.int("AUTOPLANE_RUN_RETENTION_BATCH", default
 
 AUTOPLANE_CREDENTIAL_KEYS = env.list("AUTOPLANE_CREDENTIAL_KEYS", default=[])
 AUTOPLANE_EGRESS_ALLOWLIST = env.list("AUTOPLANE_EGRESS_ALLOWLIST", default=[])
+# Hosts and CIDRs no step may reach whatever a workspace allowlists, on top of the built-in
+# deny-list (loopback, link-local and cloud metadata, the database and broker hosts); only
+# an AUTOPLANE_EGRESS_ALLOWLIST entry naming a denied host or address opens it
+# (docs/security.md, "Egress").
+AUTOPLANE_EGRESS_DENYLIST = env.list("AUTOPLANE_EGRESS_DENYLIST", default=[])
 AUTOPLANE_SANDBOX_BACKEND = env.str("AUTOPLANE_SANDBOX_BACKEND", default="bubblewrap")
+# "subprocess" runs code steps as the worker's user with no isolation; every process refuses
+# to start with it unless this says the deployment accepts that (development only).
+AUTOPLANE_SANDBOX_INSECURE = env.bool("AUTOPLANE_SANDBOX_INSECURE", default=False)
 # run_python/run_shell with "network": "allow" share the worker's network, loopback
 # included; refuse it unless the deployment has isolated its workers' network.
 AUTOPLANE_SANDBOX_ALLOW_NETWORK = env.bool("AUTOPLANE_SANDBOX_ALLOW_NETWORK", default=False)
 AUTOPLANE_BWRAP_PATH = env.str("AUTOPLANE_BWRAP_PATH", default="bwrap")
 if AUTOPLANE_SANDBOX_BACKEND not in ("bubblewrap", "subprocess"):
     raise ImproperlyConfigured("AUTOPLANE_SANDBOX_BACKEND must be 'bubblewrap' or 'subprocess'")
+if AUTOPLANE_SANDBOX_BACKEND == "subprocess" and not AUTOPLANE_SANDBOX_INSECURE:
+    # Every process (web, workers, beat, manage.py) stops here with this one line on stderr.
+    raise SystemExit(
+        "autoplane: AUTOPLANE_SANDBOX_BACKEND=subprocess runs code steps unisolated, as the worker's user "
+        "(its environment, data dir and keys readable); use bubblewrap (docs/sandbox.md) or set "
+        "AUTOPLANE_SANDBOX_INSECURE=true (development only)"
+    )
 
 # Failed webhook authentication (docs/security.md, "Failed webhook authentication"): counted
 # per fixed window; past the limit a client address gets 429 without its token being
@@ -399,8 +487,28 @@ LLM_PRICES = _llm_prices(env.list("LLM_PRICES", default=[]))
 
 EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="autoplane@localhost")
+# Senders a send_email step may set as "from" (comma-separated addresses, or "@example.com"
+# for a whole domain); DEFAULT_FROM_EMAIL is always allowed. Any other "from" is refused.
+AUTOPLANE_EMAIL_ALLOWED_FROM = env.list("AUTOPLANE_EMAIL_ALLOWED_FROM", default=[])
 EMAIL_HOST = env.str("EMAIL_HOST", default="localhost")
 EMAIL_PORT = env.int("EMAIL_PORT", default=25)
+EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
+EMAIL_HOST_PASSWORD = env.str("EMAIL_HOST_PASSWORD", default="")
+EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
+EMAIL_USE_SSL = env.bool("EMAIL_USE_SSL", default=False)
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    raise ImproperlyConfigured("EMAIL_USE_TLS (STARTTLS) and EMAIL_USE_SSL (implicit TLS) exclude each other")
+EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=10)
+
+# --- Notifications (approval notices: notifications/) ------------------------
+# The address people reach the platform at: the links in notices are built on it.
+AUTOPLANE_PUBLIC_URL = env.str("AUTOPLANE_PUBLIC_URL", default="http://localhost:8000")
+# Each try of a Slack or webhook delivery gives up after this many seconds (then retried).
+AUTOPLANE_NOTIFY_TIMEOUT_SECONDS = env.float("AUTOPLANE_NOTIFY_TIMEOUT_SECONDS", default=5.0)
+# The first retry's delay in seconds; each next one doubles (at most 5 attempts).
+AUTOPLANE_NOTIFY_RETRY_SECONDS = env.float("AUTOPLANE_NOTIFY_RETRY_SECONDS", default=10.0)
+# How often beat looks for reminders and escalations that are due.
+AUTOPLANE_NOTIFY_SWEEP_SECONDS = env.float("AUTOPLANE_NOTIFY_SWEEP_SECONDS", default=15.0)
 
 # --- REST API --------------------------------------------------------------
 REST_FRAMEWORK = {
@@ -496,9 +604,11 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-runs": {"task": "autoplane.sweep_runs", "schedule": float(AUTOPLANE_SWEEP_SECONDS)},
     "relay": {"task": "autoplane.relay", "schedule": AUTOPLANE_RELAY_SECONDS},
     "expire-approvals": {"task": "autoplane.expire_approvals", "schedule": 30.0},
+    "notify-sweep": {"task": "autoplane.notify_sweep", "schedule": AUTOPLANE_NOTIFY_SWEEP_SECONDS},
     "purge-expired": {"task": "autoplane.purge_expired", "schedule": 3600.0},
     "prune-history": {"task": "autoplane.prune_history", "schedule": 3600.0},
     "audit-truncate": {"task": "autoplane.audit_truncate", "schedule": 3600.0},
+    "audit-verify": {"task": "autoplane.audit_verify", "schedule": float(AUTOPLANE_AUDIT_VERIFY_SECONDS)},
     "webhook-rejections": {
         "task": "autoplane.webhook_rejections_summarize",
         "schedule": float(AUTOPLANE_WEBHOOK_REJECTION_WINDOW_SECONDS),

@@ -12,7 +12,7 @@ class OpsConfig(AppConfig):
         # process announces that it is alive; they carry no business logic.
         from config import tracing
 
-        from . import heartbeats
+        from . import checks, heartbeats  # noqa: F401 - checks registers the deploy checks
 
         heartbeats.connect()
         tracing.configure()  # nothing unless OTEL_EXPORTER_OTLP_ENDPOINT is set

@@ -2,7 +2,9 @@
 
 gunicorn's ``asgi`` worker reads and parses every request on its event loop,
 so a client that sends its headers slowly, or stalls (slowloris), holds a
-socket and nothing else. Only a complete request reaches Django, which runs
+socket and nothing else; a request's whole body is read on the loop too, under an
+absolute deadline (``AUTOPLANE_BODY_READ_TIMEOUT_SECONDS``, then 408) and a size cap
+(``DATA_UPLOAD_MAX_MEMORY_SIZE``, then 413). Only a complete request reaches Django, which runs
 in a fixed pool of ``AUTOPLANE_WEB_THREADS`` threads per process (a2wsgi's
 WSGI-in-ASGI adapter, see :mod:`ops.wsgi_adapter`): a bounded number of threads,
 each keeping its own persistent database connection, exactly as a threaded WSGI
@@ -36,8 +38,12 @@ from ops.wsgi_adapter import WholeResponseWSGIMiddleware  # noqa: E402
 # connection; import it now, so that gunicorn's workers forked after --preload share it.
 celery_app.connection_for_write().get_transport_cls()
 
-# django-stubs type a WSGI handler's result as HttpResponseBase; at run time it is the iterable of bytes.
-application = WholeResponseWSGIMiddleware(wsgi_application, workers=settings.AUTOPLANE_WEB_THREADS)  # type: ignore[arg-type]
+application = WholeResponseWSGIMiddleware(
+    wsgi_application,
+    workers=settings.AUTOPLANE_WEB_THREADS,
+    body_limit=settings.DATA_UPLOAD_MAX_MEMORY_SIZE,
+    body_timeout=settings.AUTOPLANE_BODY_READ_TIMEOUT_SECONDS,
+)
 
 get_resolver().url_patterns  # noqa: B018 - imports every app's views now, not on the first request
 gc.collect()

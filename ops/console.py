@@ -13,6 +13,8 @@ from audit.models import AuditCheckpoint
 from automations import selectors as automation_selectors
 from automations.models import Automation, Run, RunStatus
 from config.celery import QUEUES
+from notifications.models import Channel
+from notifications.services import failing_channels
 from workspaces.access import workspace_ids_for
 from workspaces.models import Permission
 
@@ -58,6 +60,9 @@ class Details:
     failing_automations: list[Automation] = field(default_factory=list)  # whose last run failed
     queues: list[QueueState] = field(default_factory=list)
     last_checkpoint_at: datetime | None = None
+    failing_channels: list[Channel] = field(default_factory=list)  # notices kept failing (notifications/)
+    # More than SHOWN medium-or-higher approvals wait: the home page says so (issue 30).
+    risky_backlog: int = 0
 
 
 def needs_me_details(user) -> Details:
@@ -81,7 +86,10 @@ def needs_me_details(user) -> Details:
     )
     workers = workers_by_queue(QUEUES)
     checkpoint = AuditCheckpoint.objects.order_by("-id").values_list("created_at", flat=True).first()
+    channels = failing_channels(None if user.is_superuser else workspace_ids_for(user, Permission.VIEW))
+    risky = approvals.filter(status=ApprovalStatus.PENDING, risk__in=["medium", "high", "critical"]).count()
     return Details(
+        failing_channels=list(channels[:SHOWN]), risky_backlog=risky if risky > SHOWN else 0,
         approvals_for_me=list(mine), recent_problems=list(problems), failing_automations=list(failing),
         queues=[QueueState(q, workers.get(q, 0), queued.get(q, 0)) for q in QUEUES], last_checkpoint_at=checkpoint,
     )  # fmt: skip

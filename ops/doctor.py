@@ -33,9 +33,12 @@ from audit.signing import read_key_file, signing_key
 from capabilities import credentials
 from capabilities.models import McpServer
 from capabilities.sandbox import backend_from_settings
+from config import seams
 from config.celery import QUEUES, queue_backlog
 from config.celery import app as celery_app
+from workspaces.checks import workspaces_without_four_eyes
 
+from .checks import edge_advice
 from .models import HeartbeatKind
 from .selectors import heartbeats_fresh, last_seen, workers_by_queue
 
@@ -196,8 +199,11 @@ def check_sandbox() -> Iterator[Finding]:
                       "fail closed", "install bubblewrap (apt-get install bubblewrap), or allow user "
                       "namespaces in the container")  # fmt: skip
     elif backend.name != "bubblewrap":
-        yield Finding("sandbox", WARN, f"{backend.name}: code steps run without isolation",
-                      "AUTOPLANE_SANDBOX_BACKEND=bubblewrap in production")  # fmt: skip
+        production = not settings.DATABASE_IS_SQLITE
+        yield Finding("sandbox", FAIL if production else WARN,
+                      f"{backend.name} (AUTOPLANE_SANDBOX_INSECURE=true): code steps run without isolation, as "
+                      "the worker's user, and can read its data directory and keys",
+                      "AUTOPLANE_SANDBOX_BACKEND=bubblewrap (docs/sandbox.md, \"In Docker\")")  # fmt: skip
     else:
         yield Finding("sandbox", OK, "bubblewrap starts")
 
@@ -284,6 +290,9 @@ def check_settings() -> Iterator[Finding]:
                       "set DJANGO_SECRET_KEY to 50+ random characters")  # fmt: skip
     else:
         yield Finding("settings.secret_key", OK, "set")
+    # The web edge's exposure (ops.checks, also in check --deploy): advice for a production database.
+    for message in edge_advice() if production else ():
+        yield Finding(f"settings.{message.id}", WARN, message.msg, message.hint or "")
     data_dir = Path(settings.DATA_DIR)
     if data_dir.exists() and stat.S_IMODE(data_dir.stat().st_mode) & 0o077:
         yield Finding("settings.data_dir", WARN, f"{data_dir} is readable by others", f"chmod 700 {data_dir}")
@@ -296,6 +305,17 @@ def check_settings() -> Iterator[Finding]:
                           "manage.py check --deploy explains each; fine on a laptop")  # fmt: skip
         else:
             yield Finding("settings.deploy", OK, "check --deploy: no warnings")
+
+
+def check_seams() -> Iterator[Finding]:
+    """The libraries whose internals the fast paths use, their installed versions and the switches."""
+    line = seams.summary()
+    if outside := seams.outside():
+        where = "taken through the public path" if settings.AUTOPLANE_FAST_PATHS else "off anyway"
+        yield Finding("seams", WARN, f"{line}; outside the bounds: {', '.join(outside)} ({where})",
+                      "install the locked versions (uv sync --frozen)")  # fmt: skip
+    else:
+        yield Finding("seams", OK, line)
 
 
 # --- peers ----------------------------------------------------------------------------------
@@ -350,12 +370,24 @@ def check_llm() -> Iterator[Finding]:
         yield Finding("llm", OK, f"{settings.LLM_MODEL} at {_where(settings.LLM_BASE_URL)}")
 
 
+def check_four_eyes() -> Iterator[Finding]:
+    slugs = workspaces_without_four_eyes()
+    if slugs:
+        yield Finding("four_eyes", WARN, f"off in {len(slugs)} workspace(s) with 2+ admins/approvers: "
+                      f"{', '.join(slugs[:5])}{' ...' if len(slugs) > 5 else ''}",
+                      'PATCH /api/v1/workspaces/<slug> {"four_eyes": true} (docs/security.md, Four-eyes)')  # fmt: skip
+    else:
+        yield Finding("four_eyes", OK, "on wherever two or more people may approve")
+
+
 FAST: tuple[Callable[[], Iterator[Finding]], ...] = (
-    check_database, check_signing_key, check_credential_keys, check_settings, check_sandbox,
+    check_database, check_signing_key, check_credential_keys, check_settings, check_sandbox, check_four_eyes,
+    check_seams,
 )  # fmt: skip
 ALL: tuple[Callable[[], Iterator[Finding]], ...] = (
     check_database, check_broker, check_workers, check_beat, check_sequencer, check_sandbox,
-    check_signing_key, check_credential_keys, check_settings, check_mcp_servers, check_llm,
+    check_signing_key, check_credential_keys, check_settings, check_four_eyes, check_seams, check_mcp_servers,
+    check_llm,
 )  # fmt: skip
 
 

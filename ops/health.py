@@ -22,6 +22,10 @@ check (``database``, ``broker``, ``beat``, ``queues.<name>``). Checks:
   still runs, and code steps refuse to run rather than run unisolated. A
   development ``subprocess`` backend is flagged ``isolated: false``.
 
+An anonymous caller gets ``{"status": ...}`` only, with the same status code, unless
+``AUTOPLANE_HEALTHZ_DETAILS=public``; a staff session or the metrics token
+(``ops.access``) gets the whole report.
+
 Workers and beat are known by their heartbeat rows (see ``ops/heartbeats.py``),
 because the embedded broker cannot broadcast ``inspect()`` requests.
 Error details go to the log, never into the response.
@@ -42,6 +46,7 @@ from audit.sequencer import backlog as audit_backlog
 from capabilities.sandbox import backend_from_settings
 from config.celery import QUEUES, queue_backlog
 from config.celery import app as celery_app
+from ops.access import may_read_health_details
 from ops.models import HeartbeatKind
 from ops.selectors import STALE_AFTER, heartbeats_fresh, last_seen, workers_by_queue
 from ops.supervisor import child_health, read_state
@@ -187,7 +192,8 @@ def healthz(request: HttpRequest) -> JsonResponse:
         body = {"error": {"code": "METHOD_NOT_ALLOWED", "message": "use GET"}}
         return JsonResponse(body, status=405, headers={"Allow": "GET, HEAD"})
     report = health_report()
-    response = JsonResponse(report, status=200 if report["status"] == "ok" else 503)
+    body = report if may_read_health_details(request) else {"status": report["status"]}
+    response = JsonResponse(body, status=200 if report["status"] == "ok" else 503)
     response["Cache-Control"] = "no-store"
     # A 503 here is an answer, not a server error: keep django.request from
     # logging an ERROR on every poll of a degraded platform.

@@ -40,7 +40,9 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from audit.sequencer import backlog as audit_backlog
 from config import instruments
+from config.api_errors import json_error
 from config.celery import QUEUES
+from ops.access import may_read_metrics
 from ops.health import broker_backlog
 
 from .models import Heartbeat, HeartbeatKind
@@ -237,4 +239,7 @@ registry = build_registry()
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
+    if not may_read_metrics(request):  # AUTOPLANE_METRICS_TOKEN is set, and this caller has not got it
+        return json_error(401, "UNAUTHENTICATED", "metrics need the metrics token or a staff session",
+                          headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

@@ -6,11 +6,16 @@ wake-up, a thread wake-up): each read of the request body, the response's
 start, its body, the empty last body; and it runs a sender task with a queue
 for every request. Here:
 
-- **The request body is read on the event loop before the thread is called**,
-  up to :data:`PREFETCH_BYTES` (a webhook's body, an API write): the thread
-  finds it buffered and never waits for the loop. A larger body's rest, and the
-  body of a request that expects ``100 Continue``, are read by the thread as before. A client that sends its body slowly holds a socket
-  and a coroutine meanwhile, not one of the few WSGI threads.
+- **The whole request body is read on the event loop before the thread is
+  called**, under one absolute deadline (``body_timeout``, the setting
+  ``AUTOPLANE_BODY_READ_TIMEOUT_SECONDS``): the thread finds it buffered and never
+  waits for the client or the loop. A client that sends its body slowly holds a
+  socket and a coroutine meanwhile, never one of the few WSGI threads, and no
+  longer than the deadline (then 408). A body larger than ``body_limit``
+  (``DATA_UPLOAD_MAX_MEMORY_SIZE``) is refused with 413 before any of it is read
+  when its ``Content-Length`` says so, or as soon as a chunked body passes it. A
+  client that waits for ``100 Continue`` gets it from the loop (gunicorn sends it
+  on the first ``receive()``), unless its ``Content-Length`` is refused first.
 - **A whole response needs no hand-off of its own.** A Django response that is
   not streaming is complete when the app returns, so its start and its whole
   body are the WSGI call's result: the event loop, woken anyway when the
@@ -28,36 +33,78 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import json
 from typing import Any
 
 from a2wsgi import WSGIMiddleware
 from a2wsgi.wsgi import Body, WSGIResponder, build_environ
 
-# Read on the event loop before the WSGI thread runs: a webhook's whole body (256 KB) and one byte more.
-PREFETCH_BYTES = 256 * 1024 + 1
+# DATA_UPLOAD_MAX_MEMORY_SIZE's default and a bound well above any honest client's upload time.
+DEFAULT_BODY_LIMIT = 2_621_440
+DEFAULT_BODY_TIMEOUT = 20.0
 
 
-def _prefetches(scope) -> bool:
-    """Whether the request declares a body, and its client does not wait for a ``100 Continue``
-    (that one is sent when the app first reads the body, so the app keeps the say over it)."""
-    declared = False
+class _BodyRefused(Exception):
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+class _ClientGone(Exception):
+    """The client disconnected (or gunicorn gave up waiting for a chunk) before the body ended."""
+
+
+def _framing(scope) -> tuple[int | None, bool]:
+    """The declared ``Content-Length`` (None when absent or unreadable) and whether the body is chunked."""
+    length: int | None = None
+    chunked = False
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
-            declared = value.strip() not in (b"", b"0")
+            text = value.strip()
+            length = int(text) if text.isdigit() else None
         elif name == b"transfer-encoding":
-            declared = True
-        elif name == b"expect":
-            return False
-    return declared
+            chunked = True
+    return length, chunked
 
 
 class _Body(Body):
-    async def prefetch(self, limit: int) -> None:
-        """Receive the body on the event loop until it ends or ``limit`` bytes are buffered."""
-        while self._has_more and len(self.buffer) < limit:
+    async def read_whole(self, limit: int | None) -> None:
+        """Receive the whole body on the event loop; refuse it once it passes ``limit`` bytes."""
+        while self._has_more:
             message: dict[str, Any] = dict(await self.receive())  # an ASGI message (a TypedDict)
+            if message.get("type") != "http.request":
+                raise _ClientGone
             self._has_more = bool(message.get("more_body", False))
             self.buffer.extend(message.get("body", b""))
+            if limit is not None and len(self.buffer) > limit:
+                raise _BodyRefused(413, "PAYLOAD_TOO_LARGE", f"the body is larger than {limit} bytes")
+
+
+async def _refuse(send, refused: _BodyRefused) -> None:
+    # The body is left unread, so the connection cannot carry another request: gunicorn closes it
+    # (it keeps a connection alive only after a completely framed body); say so.
+    body = json.dumps({"error": {"code": refused.code, "message": refused.message}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"connection", b"close")]  # fmt: skip
+    await send({"type": "http.response.start", "status": refused.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def read_body(scope, receive, body: _Body, *, limit: int | None, timeout: float) -> None:
+    """Read the request's whole body into ``body`` before any thread is taken, or raise
+    :class:`_BodyRefused` (413 past ``limit``, 408 past ``timeout`` seconds) / :class:`_ClientGone`."""
+    length, chunked = _framing(scope)
+    if length is not None and limit is not None and length > limit:  # before a 100 Continue
+        raise _BodyRefused(413, "PAYLOAD_TOO_LARGE", f"the body is larger than {limit} bytes")
+    if not chunked and not length:
+        return
+    try:
+        async with asyncio.timeout(timeout):
+            await body.read_whole(limit)
+    except TimeoutError:
+        raise _BodyRefused(
+            408, "REQUEST_TIMEOUT", f"the body did not arrive within {timeout:g} seconds"
+        ) from None
 
 
 class _Responder(WSGIResponder):
@@ -80,12 +127,20 @@ class _Responder(WSGIResponder):
     def _flush(self, messages: list[Any]) -> None:
         asyncio.run_coroutine_threadsafe(self._stream(messages), loop=self.loop).result()
 
+    body_limit: int | None = DEFAULT_BODY_LIMIT
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
+
     async def __call__(self, scope, receive, send) -> None:
         # a2wsgi's WSGIResponder.__call__, but the body comes read and a whole response comes back
         # as the call's result.
         body = _Body(self.loop, receive)
-        if _prefetches(scope):
-            await body.prefetch(PREFETCH_BYTES)
+        try:
+            await read_body(scope, receive, body, limit=self.body_limit, timeout=self.body_timeout)
+        except _BodyRefused as refused:
+            await _refuse(send, refused)
+            return
+        except _ClientGone:
+            return  # nobody is left to answer (or gunicorn closes the stalled connection itself)
         environ = build_environ(scope, body)
         self._send = send
         try:
@@ -123,8 +178,15 @@ class _Responder(WSGIResponder):
 
 
 class WholeResponseWSGIMiddleware(WSGIMiddleware):
+    def __init__(self, app, workers: int = 10, send_queue_size: int = 10, *,
+                 body_limit: int | None = DEFAULT_BODY_LIMIT, body_timeout: float = DEFAULT_BODY_TIMEOUT) -> None:  # fmt: skip
+        super().__init__(app, workers=workers, send_queue_size=send_queue_size)
+        self.body_limit = body_limit
+        self.body_timeout = body_timeout
+
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
             responder = _Responder(self.app, self.executor, self.send_queue_size)
+            responder.body_limit, responder.body_timeout = self.body_limit, self.body_timeout
             return await responder(scope, receive, send)
         return await super().__call__(scope, receive, send)

@@ -38,7 +38,7 @@ import pytest
 from django.conf import settings
 
 from config.celery import QUEUES
-from workspaces.models import Role, Workspace
+from workspaces.models import Role
 from workspaces.services import workspace_get_or_create
 
 from . import live
@@ -271,20 +271,15 @@ def beat_process(transactional_db):
 # --- the one set of workspaces, people and builders (tests/factories.py) -------------------
 @pytest.fixture
 def workspace(db):
-    """Workspace "acme", egress allowed to 127.0.0.1 (the tests' local servers)."""
-    ws = workspace_get_or_create(slug="acme")
-    Workspace.objects.filter(pk=ws.pk).update(egress_allowlist=["127.0.0.1"])
-    ws.refresh_from_db()
-    return ws
+    """Workspace "acme". The tests' local servers (127.0.0.1) are reachable through the deployment
+    allowlist (tests/settings.py): loopback is on the egress deny-list no workspace allowlist opens."""
+    return workspace_get_or_create(slug="acme")
 
 
 @pytest.fixture
 def other_workspace(db):
-    """Workspace "globex", egress allowed to 127.0.0.1: another tenant."""
-    ws = workspace_get_or_create(slug="globex")
-    Workspace.objects.filter(pk=ws.pk).update(egress_allowlist=["127.0.0.1"])
-    ws.refresh_from_db()
-    return ws
+    """Workspace "globex": another tenant."""
+    return workspace_get_or_create(slug="globex")
 
 
 @pytest.fixture

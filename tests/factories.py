@@ -100,6 +100,17 @@ def critical_step(note: str) -> dict:
             "config": {"capability": "files.delete_note", "args": {"text": note}}}  # fmt: skip
 
 
+def harvest_approved(server, **kwargs):
+    """Harvest an MCP server and approve the tools it lists for the first time (an admin's review)."""
+    from capabilities import mcp
+    from capabilities.models import McpTool
+
+    result = mcp.mcp_harvest(server, **kwargs)
+    for tool in McpTool.objects.filter(server=server, name__in=result.new):
+        mcp.mcp_tool_approve(tool=tool)
+    return result
+
+
 # --- triggers -----------------------------------------------------------------------------
 def webhook(key: str = "hook", **config) -> dict:
     return {"key": key, "type": "webhook", "config": config}

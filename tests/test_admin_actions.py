@@ -45,6 +45,7 @@ ACTIONS = {
     "audit.auditcheckpoint": {"verify_chain": HERE, "write_checkpoint_now": HERE},
     "audit.auditchainhead": {"verify_chain": HERE},
     "capabilities.credential": {"delete_selected": HERE},
+    "notifications.channel": {"delete_selected": "tests/notifications/test_admin.py"},
     "capabilities.mcpserver": {"harvest_now": HERE, "delete_selected": HERE},
     "capabilities.mcptool": {"reapprove": HERE, "risk_low": HERE, "risk_medium": HERE, "risk_high": HERE,
                              "risk_critical": HERE, "risk_default": HERE},

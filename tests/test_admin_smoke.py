@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from axes.models import AccessAttempt, AccessFailureLog, AccessLog
 from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
@@ -27,6 +28,8 @@ from automations import events, services
 from automations.models import Draft, Run, RunStatus
 from capabilities.credentials import credential_create
 from capabilities.models import McpServer, McpTool
+from notifications.models import Delivery
+from notifications.services import channel_create
 from ops.models import Heartbeat
 from tests.factories import api_token, member
 from triggers.models import Trigger, WebhookRateWindow
@@ -77,8 +80,20 @@ def world(drive):
     Heartbeat.objects.create(
         name="worker@smoke", kind="worker", started_at=timezone.now(), seen_at=timezone.now()
     )
+    workspace.egress_allowlist = ["127.0.0.1"]  # the channel's (unreachable) local receiver
+    workspace.save(update_fields=["egress_allowlist"])
+    channel, _ = channel_create(workspace=workspace, user=owner, kind="webhook", name="hook",
+                                url="http://127.0.0.1:9/hook")  # fmt: skip
+    channel_create(workspace=workspace, user=owner, kind="email", name="mail", to=["role:approver"])
+    Delivery.objects.create(approval=Approval.objects.get(), workspace=workspace, channel=channel, kind="webhook",
+                            notice="requested", status="failed", attempts=5, last_error="HTTP 500")  # fmt: skip
     Group.objects.create(name="operators")
     api_token(owner, name="smoke", expires_at=timezone.now() + timedelta(days=1))
+    login = {"username": "someone", "ip_address": "198.51.100.7", "user_agent": "smoke", "http_accept": "*/*",
+             "path_info": "/admin/login/"}  # fmt: skip
+    AccessAttempt.objects.create(**login, get_data="", post_data="", failures_since_start=1)
+    AccessLog.objects.create(**login)
+    AccessFailureLog.objects.create(**login, locked_out=False)
     sequence_pending()
     checkpoint_write()
     return {"workspace": workspace, "automation": automation, "run": run, "stuck": stuck, "rerun": rerun}

@@ -105,7 +105,7 @@ def settled(run_id, statuses=SETTLED) -> Run:
 def world(celery_workers, workspace, owner, upstream, settings) -> SimpleNamespace:
     """What the journeys find: a run parked on an approval, a failed run, a run that needs attention
     (each made by the real worker), and the greeter automation to edit, run and re-run."""
-    settings.AUTOPLANE_EGRESS_ALLOWLIST = []
+    settings.AUTOPLANE_EGRESS_ALLOWLIST = ["127.0.0.1"]  # the local upstream: loopback, deny-listed otherwise
     gated = services.automation_create(workspace=workspace, user=owner, definition=definition(
         http_step("create_item", f"{upstream}/ok", "POST"), name="pay-invoices", autonomy="A2"))  # fmt: skip
     flaky = services.automation_create(workspace=workspace, user=owner, definition=definition(

@@ -178,6 +178,7 @@ GRAPH_APPS = [
     "workspaces",
     "capabilities",
     "approvals",
+    "notifications",
     "automations",
     "triggers",
     "ops",

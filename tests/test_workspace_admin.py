@@ -151,3 +151,14 @@ def test_staff_see_only_their_workspaces(workspace, other_workspace, outsider):
 
     assert "globex" in body
     assert "acme" not in body
+
+
+def test_the_admin_refuses_an_allowlist_entry_on_the_platform_deny_list(workspace, owner):
+    url = reverse("admin:workspaces_workspace_change", args=[workspace.pk])
+
+    response = staff(owner).post(url, _form(workspace, _members(workspace), egress_allowlist='["0.0.0.0/0"]'))
+
+    assert response.status_code == 200  # the form again, with the error inline
+    assert "deny-list" in response.content.decode()
+    workspace.refresh_from_db()
+    assert workspace.egress_allowlist == []

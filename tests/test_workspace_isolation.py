@@ -53,7 +53,7 @@ def acme():
     server = mcp_server_create(
         workspace=workspace, slug="files", url="https://mcp.example.com/mcp", user=owner
     )
-    tool = McpTool.objects.create(server=server, name="read", schema_hash="x", approved_hash="x",
+    tool = McpTool.objects.create(server=server, name="read", schema_hash="x", approved_hash="x", status="active",
                                   last_seen=timezone.now())  # fmt: skip
     standing = standing_approval_create(workspace=workspace, automation_id=automation.pk, capability_id="core.echo",
                                         max_uses=1, expires_at=timezone.now() + timedelta(days=1), user=owner)  # fmt: skip

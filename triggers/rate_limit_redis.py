@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import redis
 
-from config import redis_direct
+from config import redis_direct, seams
 
 logger = logging.getLogger("triggers.webhooks")
 
@@ -35,9 +35,33 @@ def _failed(exc: BaseException) -> None:
         logger.warning("webhook rate limit: Redis client failed (%r); counting in the database", exc)
 
 
+_clients: dict[str, redis.Redis] = {}  # the public path: one pooled client per URL
+
+
+def _public_count(url: str, key: str) -> int | None:
+    """INCR + EXPIRE in one round trip through redis-py's public client and pool."""
+    try:
+        client = _clients.get(url)
+        if client is None:
+            client = _clients.setdefault(url, redis.Redis.from_url(
+                url, socket_timeout=SOCKET_TIMEOUT_SECONDS, socket_connect_timeout=SOCKET_TIMEOUT_SECONDS))  # fmt: skip
+        pipe = client.pipeline(transaction=False)
+        pipe.incr(key)
+        pipe.expire(key, WINDOW_TTL_SECONDS)
+        count, _ = pipe.execute()
+        return int(count)
+    except Exception as exc:
+        _failed(exc)
+        return None
+
+
 def count_start(url: str, key: str) -> Callable[[], int | None]:
     """Send INCR + EXPIRE for ``key`` in one write; the returned function reads the window's count
-    after this attempt (None if Redis failed). It must be called, once, on the same thread."""
+    after this attempt (None if Redis failed). It must be called, once, on the same thread.
+    With the fast path off (:mod:`config.seams`), redis-py's public client counts, at once."""
+    if not seams.fast_path("redis"):
+        count = _public_count(url, key)
+        return lambda: count
     try:
         conn = redis_direct.connection(url, SOCKET_TIMEOUT_SECONDS)
         conn.send_packed_command(

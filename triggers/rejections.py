@@ -3,14 +3,15 @@
 Counts are kept per fixed window of ``AUTOPLANE_WEBHOOK_REJECTION_WINDOW_SECONDS``
 in :class:`~triggers.models.WebhookRejectionWindow`, one atomic upsert per count,
 so they hold across processes on both databases. Only rejections write them: a
-successful fire reads one local cache key (is this client address blocked?)
-and touches no table of this module.
+successful fire touches no table or cache key of this module.
 
 Limiter (docs/security.md, "Failed webhook authentication"):
 
-- per client address: past ``..._PER_ADDRESS`` failed authentications in a window,
-  the address gets 429 ``TOO_MANY_FAILURES`` with ``Retry-After`` (the seconds left
-  in the window) *without its token being checked*, until the window ends;
+- per client address (``config.client_address``: ``REMOTE_ADDR``, or the
+  ``X-Forwarded-For`` entry ``AUTOPLANE_TRUSTED_PROXY_HOPS`` from the right): past
+  ``..._PER_ADDRESS`` failed authentications in a window, the address's *failed*
+  attempts get 429 ``TOO_MANY_FAILURES`` with ``Retry-After`` (the seconds left in the
+  window), uncounted, until the window ends; a valid token from it still fires;
 - per automation: past ``..._PER_AUTOMATION`` failed authentications in a window
   (from any addresses), further *failed* attempts get 429 instead of 401, but a valid
   token still fires: a distributed attack never locks the legitimate sender out.
@@ -97,7 +98,7 @@ def auth_failed(address: str, automation_ref: str, now: float | None = None) -> 
     """Count a failed authentication; ``Retry-After`` seconds when it is past a limit, else None.
 
     Past the address limit the address is also marked blocked (in the cache) for the
-    rest of the window, so its next attempts are refused before any token lookup.
+    rest of the window, so its next failed attempts are refused uncounted.
     """
     window = current_window(now)
     per_address, _ = count(f"addr:{address}", window)

@@ -25,6 +25,10 @@ that tick means, from the database alone:
   At most ``MAX_MISSED_AUDITED`` slots are audited one by one per fire; the rest go
   into one summary event (a year of a per-minute schedule is not 500,000 rows).
 
+**Quiet hours.** A trigger whose config says ``"quiet_hours": "skip"`` does not fire while its
+workspace's quiet hours hold (read at the moment of firing, on the window's own wall clock): each
+slot it would have run is audited as ``schedule.skipped`` and accounted for like a fired one.
+
 ``$last_fired_at`` is the slot of the previous run of this trigger (slot times, not
 wall-clock times, so consecutive "since" windows meet exactly).
 
@@ -58,8 +62,10 @@ from django_celery_beat.models import CrontabSchedule, PeriodicTask
 from audit import writer
 from audit.models import Outcome
 from automations.dispatcher import Dedupe, DispatchError, DispatchRequest, dispatch
+from automations.gate_policies import quiet_hours_holding
 from automations.models import Automation, AutomationStatus
 from config.celery import QUEUE_DEFAULT
+from workspaces.models import Workspace
 
 from .models import Trigger, TriggerType
 
@@ -204,10 +210,11 @@ def periodic_task_delete(trigger: Trigger) -> None:
 
 @dataclass
 class FireOutcome:
-    status: str  # fired | caught_up | already_fired | disabled | not_found
+    status: str  # fired | caught_up | skipped | already_fired | disabled | not_found
     slot: datetime | None = None
     run_ids: list[str] = field(default_factory=list)
     missed: list[datetime] = field(default_factory=list)
+    skipped: list[datetime] = field(default_factory=list)  # not run: quiet hours
     errors: list[str] = field(default_factory=list)
 
 
@@ -219,6 +226,20 @@ class _Firing:
     trace_id: str
     outcome: FireOutcome
     last_fired_at: datetime | None
+    _quiet: str | None = None  # the window's text while it holds, "" outside it; None: not read yet
+
+    def quiet_hours(self) -> str:
+        """Whether the trigger skips now: the window's text when it does, else ""."""
+        if self._quiet is None:
+            self._quiet = ""
+            if self.trigger.config.get("quiet_hours") == "skip":
+                window = (
+                    Workspace.objects.filter(pk=self.automation.workspace_id)
+                    .values_list("quiet_hours", flat=True)
+                    .first()
+                )
+                self._quiet = quiet_hours_holding(window, self.now)
+        return self._quiet
 
     def refs(self) -> dict[str, str]:
         return {"automation": str(self.automation.pk), "trigger": str(self.trigger.pk)}
@@ -245,8 +266,15 @@ class _Firing:
             )  # fmt: skip
 
     def run(self, slot: datetime, payload_extra: dict[str, Any] | None = None) -> None:
-        """Dispatch the run of one slot (deduplicated on the slot)."""
+        """Dispatch the run of one slot (deduplicated on the slot), unless quiet hours skip it."""
         config = self.trigger.config
+        quiet = self.quiet_hours()
+        if quiet:
+            self.outcome.skipped.append(slot)
+            self.audit("schedule.skipped", f"slot {_iso(slot)} skipped: {quiet}",
+                       {"scheduled_for": _iso(slot), "reason": "quiet_hours", "quiet_hours": quiet},
+                       Outcome.SUPPRESSED)  # fmt: skip
+            return
         payload = {
             "type": "schedule", "key": self.trigger.key, "scheduled_for": _iso(slot), "fired_at": _iso(self.now),
             **(payload_extra or {}),
@@ -310,6 +338,8 @@ def schedule_fire(*, trigger_id: Any, now: datetime | None = None) -> FireOutcom
             outcome.status = "caught_up"
         if not late:
             firing.run(slot)
+            if outcome.skipped and not outcome.run_ids:
+                outcome.status = "skipped"
         updated = Trigger.objects.filter(pk=trigger.pk, last_scheduled_for=previous).update(
             last_scheduled_for=slot, last_fired_at=firing.last_fired_at
         )

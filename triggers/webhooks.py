@@ -62,7 +62,7 @@ from importlib import import_module
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, connection, connections, router, transaction
+from django.db import connection, connections, router, transaction
 from django.utils import timezone
 
 from automations.dispatcher import (
@@ -74,7 +74,7 @@ from automations.dispatcher import (
     request_hash,
 )
 from automations.models import Automation, AutomationStatus
-from config import instruments, strict_json
+from config import instruments, one_round_trip, strict_json
 from config.errors import ServiceError
 from config.strict_json import BodyInvalid
 
@@ -157,17 +157,10 @@ class _TokenLookup:
     automation_fields: list[str]
     split: int  # the trigger's columns, then the automation's
     end: int
-    prepare: str | None = None  # PostgreSQL: the statement prepared once per session, and its EXECUTE
-    execute: str = ""
 
 
 _token_lookups: weakref.WeakKeyDictionary[Any, _TokenLookup] = weakref.WeakKeyDictionary()
 _HASH_PLACEHOLDER = "0" * 64
-# The psycopg connections (database sessions) in which the lookup is prepared, with the text prepared.
-_prepared_in: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-PREPARED_LOOKUP_NAME = "autoplane_trigger_by_token"
-_NO_SUCH_STATEMENT = "26000"  # invalid_sql_statement_name: the session has no such prepared statement
-_STATEMENT_EXISTS = "42P05"  # duplicate_prepared_statement: the session has it already
 
 
 def _token_lookup(conn) -> _TokenLookup:
@@ -191,14 +184,9 @@ def _token_lookup(conn) -> _TokenLookup:
     own, joined = info["select_fields"], related["select_fields"]
     if own != list(range(len(own))) or joined != list(range(len(own), len(own) + len(joined))):
         raise RuntimeError("unexpected column layout in the token lookup")
-    prepare = None
-    if conn.vendor == "postgresql":
-        if sql.count("%s") != 1:
-            raise RuntimeError("unexpected placeholders in the token lookup")
-        prepare = f"PREPARE {PREPARED_LOOKUP_NAME} AS {sql.replace('%s', '$1')}"
+    if sql.count("%s") != 1:
+        raise RuntimeError("unexpected placeholders in the token lookup")
     lookup = _TokenLookup(
-        prepare=prepare,
-        execute=f"EXECUTE {PREPARED_LOOKUP_NAME}(%s)",
         sql=sql,
         converters=compiler.get_converters([col for col, _, _ in select[: len(own) + len(joined)]]),
         trigger_fields=[col.target.attname for col, _, _ in select[: len(own)]],
@@ -210,37 +198,6 @@ def _token_lookup(conn) -> _TokenLookup:
     return lookup
 
 
-def _execute_prepared(conn, cursor, lookup: _TokenLookup, digest: str) -> None:
-    """The lookup as a statement prepared once per database session (PostgreSQL).
-
-    Django binds parameters on the client, so PostgreSQL would parse and plan the
-    lookup's 1.3 kB of SQL on every fire (~0.08 ms of planning, on the fire's path).
-    The session's first fire sends ``PREPARE`` and ``EXECUTE`` in one round trip;
-    every later one ``EXECUTE <name>('<hash>')``: the row is still read on every
-    fire (a revoked or rotated token is seen at once), only the plan is kept. A
-    prepared statement outlives a rolled-back transaction. A session that lost it
-    (``DEALLOCATE``, ``DISCARD ALL``) prepares it again, and one that already has it
-    (a pooler handing over another server session) executes it, outside a transaction.
-    """
-    raw = conn.connection
-    try:
-        if _prepared_in.get(raw) == lookup.prepare:
-            cursor.execute(lookup.execute, [digest])
-        else:
-            cursor.execute(f"{lookup.prepare}; {lookup.execute}", [digest])
-            cursor.nextset()
-    except DatabaseError as exc:
-        state = getattr(exc.__cause__, "sqlstate", None)
-        if conn.in_atomic_block or state not in (_NO_SUCH_STATEMENT, _STATEMENT_EXISTS):
-            raise
-        if state == _NO_SUCH_STATEMENT:
-            cursor.execute(f"{lookup.prepare}; {lookup.execute}", [digest])
-            cursor.nextset()
-        else:
-            cursor.execute(lookup.execute, [digest])
-    _prepared_in[raw] = lookup.prepare
-
-
 def trigger_by_token_hash(digest: str) -> Trigger | None:
     """The trigger whose token hashes to ``digest``, its automation loaded: one SELECT.
 
@@ -250,15 +207,14 @@ def trigger_by_token_hash(digest: str) -> Trigger | None:
     """
     conn = connections[router.db_for_read(Trigger)]
     lookup = _token_lookup(conn)
-    with conn.cursor() as cursor:
-        if lookup.prepare is None:
-            cursor.execute(lookup.sql, [digest])
-        else:
-            _execute_prepared(conn, cursor, lookup, digest)
-        found = cursor.fetchone()
-    if found is None:
+    # On PostgreSQL a statement prepared once per database session (config.one_round_trip, as
+    # text with AUTOPLANE_PREPARED_STATEMENTS=off): PostgreSQL would otherwise parse and plan the
+    # lookup's 1.3 kB of SQL on every fire (~0.08 ms). The row is still read on every fire (a
+    # revoked or rotated token is seen at once); only the plan is kept.
+    found = one_round_trip.select(lookup.sql, [digest], using=conn.alias)
+    if not found:
         return None
-    row = list(found)
+    row = list(found[0])
     for position, (functions, expression) in lookup.converters.items():
         value = row[position]
         for function in functions:
@@ -494,11 +450,17 @@ def webhook_fire(request: FireRequest, *, now: datetime | None = None) -> Dispat
     trigger: Trigger | None = None
     token: str | None = None
     try:
-        if (blocked := rejections.address_blocked(address)) is not None:
-            raise _too_many_failures(blocked, "client address blocked after failed authentications")
+        # The token is checked first: a valid one is never refused by an address block (behind a
+        # proxy, or a NAT, one address is many senders). The block bounds what the failures of a
+        # blocked address cost (no counting, no ledger row past the quota), not the odds of
+        # guessing a 256-bit token.
         trigger, reason, token = _authenticate(request)
         if reason == ARCHIVED:  # the token is right: its holder may know the automation is gone
             raise WebhookRejected(410, "GONE", "the automation is archived", reason=ARCHIVED)
+        if trigger is None and (blocked := rejections.address_blocked(address)) is not None:
+            raise _too_many_failures(
+                blocked, f"{reason}; client address blocked after failed authentications"
+            )
         if trigger is None:
             addressed = _addressed(request)
             limited = rejections.auth_failed(address, str(addressed) if addressed else "-")

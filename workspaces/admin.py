@@ -30,6 +30,19 @@ class WorkspaceForm(forms.ModelForm):
     max_autonomy = forms.ChoiceField(choices=[("", "(unchanged)"), *Autonomy.choices], required=False,
                                      help_text="")  # fmt: skip
     min_approvals = forms.IntegerField(required=False, min_value=1, max_value=MAX_APPROVALS)
+    policies = forms.JSONField(
+        required=False, initial=list,
+        widget=forms.Textarea(attrs={"rows": 8, "cols": 80, "style": "font-family: monospace"}),
+        help_text='Argument policies, tried in order, first match wins: a JSON list of {"when": <filter over the '
+                  'step\'s rendered config>, "then": "auto" | "ask" | "block", "reason": "..."}, e.g. '
+                  '[{"when": {"path": "json.amount", "gt": 500}, "then": "block", "reason": "refunds over 500"}].',
+    )  # fmt: skip
+    quiet_hours = forms.JSONField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2, "cols": 80, "style": "font-family: monospace"}),
+        help_text='Medium and higher risk steps ask inside this window, e.g. '
+                  '{"start": "22:00", "end": "07:00", "timezone": "Europe/Berlin"}; empty for none.',
+    )  # fmt: skip
 
     class Meta:
         model = Workspace
@@ -41,6 +54,8 @@ class WorkspaceForm(forms.ModelForm):
             "max_autonomy",
             "min_approvals",
             "egress_allowlist",
+            "policies",
+            "quiet_hours",
         ]
         help_texts = {"default_autonomy": "For automations whose definition sets no execution.autonomy; "
                                           "read each time a step is gated, so it applies to their next steps.",
@@ -70,6 +85,22 @@ class WorkspaceForm(forms.ModelForm):
             return services.egress_allowlist_check([] if value in (None, "") else value)
         except ServiceError as exc:
             raise ValidationError([e["message"] for e in exc.errors or []] or exc.message) from None
+
+    def clean_policies(self):
+        value = self.cleaned_data.get("policies")
+        try:
+            return services.policies_check([] if value in (None, "") else value)
+        except ServiceError as exc:
+            raise ValidationError([e["message"] for e in exc.errors or []] or exc.message) from None
+
+    def clean_quiet_hours(self):
+        value = self.cleaned_data.get("quiet_hours")
+        try:
+            return services.quiet_hours_check(None if value in (None, "") else value)
+        except ServiceError as exc:
+            raise ValidationError(
+                [f"{e['path']}: {e['message']}" for e in exc.errors or []] or exc.message
+            ) from None
 
 
 class MembershipFormSet(forms.BaseInlineFormSet):
@@ -167,7 +198,8 @@ class WorkspaceAdmin(admin.ModelAdmin):
                                   four_eyes=data["four_eyes"], egress_allowlist=data["egress_allowlist"],
                                   default_autonomy=data["default_autonomy"],
                                   max_autonomy=data.get("max_autonomy") or None,
-                                  min_approvals=data.get("min_approvals"))  # fmt: skip
+                                  min_approvals=data.get("min_approvals"), policies=data["policies"],
+                                  quiet_hours=data["quiet_hours"])  # fmt: skip
         obj.refresh_from_db()
 
     def save_formset(self, request, form, formset, change):

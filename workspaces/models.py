@@ -78,6 +78,11 @@ class Workspace(models.Model):
     # ``min_approvals`` distinct approvers.
     max_autonomy = models.CharField(max_length=2, choices=Autonomy.choices, default=DEFAULT_MAX_AUTONOMY)
     min_approvals = models.PositiveSmallIntegerField(default=DEFAULT_MIN_APPROVALS)
+    # Argument policies (docs/concepts.md): ordered rules {when, then: auto|ask|block, reason} over a
+    # step's rendered config, first match wins; admin-only, checked when saved.
+    policies = models.JSONField(default=list, blank=True)
+    # {"start": "HH:MM", "end": "HH:MM", "timezone": IANA}: medium and higher risk steps ask inside it.
+    quiet_hours = models.JSONField(null=True, blank=True, default=None)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ipaddress
 import re
 import uuid
+import zoneinfo
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -14,7 +16,7 @@ from django.db import transaction
 from audit import writer
 from config.errors import InvalidArgument, ServiceError
 
-from . import api_tokens
+from . import api_tokens, denylist
 from .models import MAX_APPROVALS, Autonomy, Membership, Role, TokenScope, Workspace
 
 
@@ -91,12 +93,19 @@ def egress_allowlist_check(value: Any) -> list[str]:
                 ipaddress.ip_network(text.strip("[]"), strict=False)
                 valid = True
             except ValueError:
-                valid = len(text) <= 253 and bool(_HOST.match(text))
-        if valid:
-            clean.append(text)
-        else:
+                legacy = denylist.legacy_ipv4(text)  # "2130706433", "0x7f000001": the address they are
+                if legacy is not None:
+                    text, valid = str(legacy), True
+                else:
+                    valid = len(text) <= 253 and bool(_HOST.match(text))
+        if not valid:
             errors.append({"path": f"/egress_allowlist/{index}", "code": "invalid_host",
                            "message": f"{entry!r} is not a host name, an IP address or a CIDR"})  # fmt: skip
+        elif (reason := denylist.denied_entry(text)) is not None:
+            # Only the deployment's own settings may open what the platform denies.
+            errors.append({"path": f"/egress_allowlist/{index}", "code": "egress_denied", "message": reason})
+        else:
+            clean.append(text)
     if errors:
         raise InvalidArgument(errors)
     return clean
@@ -116,10 +125,66 @@ def min_approvals_check(value: Any) -> int:
     return value
 
 
+_HHMM = re.compile(r"^([01][0-9]|2[0-3]):([0-5][0-9])$")
+
+
+def quiet_hours_check(value: Any) -> dict[str, str] | None:
+    """``{"start": "HH:MM", "end": "HH:MM", "timezone": IANA}`` or None (no quiet hours)."""
+    if value is None or value == {}:
+        return None
+    problems: list[tuple[str, str]] = []
+    if not isinstance(value, Mapping):
+        problems.append(
+            ("", 'an object {"start": "HH:MM", "end": "HH:MM", "timezone": "Area/City"}, or null')
+        )
+    else:
+        problems += [(str(key)[:64], "unknown key; quiet hours have start, end and timezone")
+                     for key in sorted(map(str, set(value) - {"start", "end", "timezone"}))]  # fmt: skip
+        for key in ("start", "end"):
+            if not isinstance(value.get(key), str) or not _HHMM.match(value[key]):
+                problems.append((key, "a time of day HH:MM, from 00:00 to 23:59"))
+        zone = value.get("timezone")
+        try:
+            if not isinstance(zone, str) or not 0 < len(zone) <= 64:
+                raise ValueError(zone)
+            zoneinfo.ZoneInfo(zone)
+        except (zoneinfo.ZoneInfoNotFoundError, ValueError, OSError):
+            problems.append(("timezone", f"{str(zone)[:64]!r} is not an IANA time zone (like Europe/Berlin)"))
+        if not problems and value["start"] == value["end"]:
+            problems.append(("end", "the window is empty: start and end are the same time"))
+    if problems:
+        raise InvalidArgument([{"path": "/quiet_hours" + (f"/{key}" if key else ""), "code": "invalid_quiet_hours",
+                                "message": message} for key, message in problems])  # fmt: skip
+    assert isinstance(value, Mapping)
+    return {"start": value["start"], "end": value["end"], "timezone": value["timezone"]}
+
+
+# The check of a workspace's argument policies needs the engine's filter grammar, which this app
+# (below the engine) may not import: the engine registers it in its AppConfig.ready(). Until it
+# does, no policy is accepted.
+_policy_check: list[Callable[[Any], list[dict[str, str]]]] = []
+
+
+def policies_check_register(check: Callable[[Any], list[dict[str, str]]]) -> None:
+    _policy_check[:] = [check]
+
+
+def policies_check(value: Any) -> list[Any]:
+    """An ordered list of rules ``{when, then, reason}``; 400 naming the bad rule otherwise."""
+    if not _policy_check:
+        raise InvalidArgument([{"path": "/policies", "code": "invalid_policy",
+                                "message": "policies cannot be checked here (the engine is not installed)"}])  # fmt: skip
+    issues = _policy_check[0](value)
+    if issues:
+        raise InvalidArgument(issues)
+    return list(value)
+
+
 @transaction.atomic
 def workspace_update(*, workspace: Workspace, user=None, name: str | None = None, four_eyes: bool | None = None,
                      egress_allowlist: Any = None, default_autonomy: str | None = None,
-                     max_autonomy: str | None = None, min_approvals: int | None = None) -> Workspace:  # fmt: skip
+                     max_autonomy: str | None = None, min_approvals: int | None = None, policies: Any = None,
+                     quiet_hours: Any = ...) -> Workspace:  # fmt: skip
     """Change a workspace's settings; one audit row naming what changed (before and after).
 
     Every value is checked before anything is written: one bad field changes nothing. The
@@ -141,6 +206,10 @@ def workspace_update(*, workspace: Workspace, user=None, name: str | None = None
         wanted["max_autonomy"] = autonomy_check(max_autonomy, "max_autonomy")
     if min_approvals is not None:
         wanted["min_approvals"] = min_approvals_check(min_approvals)
+    if policies is not None:
+        wanted["policies"] = policies_check(policies)
+    if quiet_hours is not ...:  # None clears the window
+        wanted["quiet_hours"] = quiet_hours_check(quiet_hours)
     changes = {field: {"from": getattr(workspace, field), "to": value}
                for field, value in wanted.items() if getattr(workspace, field) != value}  # fmt: skip
     if not changes:

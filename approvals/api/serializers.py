@@ -26,7 +26,7 @@ class ApprovalOut(serializers.ModelSerializer):
         fields = ["id", "workspace", "run_id", "automation_id", "automation_name", "step_id", "action",
                   "capability_id", "status", "risk", "reasons", "what", "why", "message", "plan_hash",
                   "requested_by", "approvals_required", "approvals_count", "expires_at", "created_at",
-                  "decided_at"]  # fmt: skip
+                  "decided_at", "answer"]  # fmt: skip
 
 
 class ApprovalQuery(serializers.Serializer):
@@ -39,6 +39,15 @@ class ApprovalQuery(serializers.Serializer):
 
 class DecisionIn(serializers.Serializer):
     reason = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
+
+
+class DecideIn(serializers.Serializer):
+    decision = serializers.ChoiceField(choices=["approve", "deny", "answer"])
+    reason = serializers.CharField(required=False, allow_blank=True, max_length=2000, default="")
+    value = serializers.JSONField(required=False, help_text="answer: one of the question's option values")
+    freetext = serializers.JSONField(
+        required=False, help_text="answer: free text, when the question allows it"
+    )
 
 
 class LinkOut(serializers.Serializer):

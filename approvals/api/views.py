@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.conf import settings
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
@@ -22,6 +23,7 @@ from ..models import Approval, Decision
 from .serializers import (
     ApprovalOut,
     ApprovalQuery,
+    DecideIn,
     DecisionIn,
     LinkOut,
     StandingApprovalIn,
@@ -73,6 +75,32 @@ class ApprovalDeny(_Decide):
     decision = Decision.DENY
 
 
+class ApprovalDecide(APIView):
+    @extend_schema(request=DecideIn, responses={200: ApprovalOut, **errors(409)},
+                   summary="Decide: approve, deny (with a reason) or answer an ask_human question")  # fmt: skip
+    def post(self, request, pk):
+        approval = get_object_or_404(selectors.approvals_visible_to(request.user), pk=pk)
+        data = request.data if isinstance(request.data, dict) else None
+        if data is None:
+            raise ServiceError("INVALID_ARGUMENT", "the body must be a JSON object")
+        unknown = sorted(set(data) - {"decision", "reason", "value", "freetext", "edited_config"})
+        if unknown:
+            raise ServiceError("INVALID_ARGUMENT", f"unknown field {unknown[0]!r}")
+        if "edited_config" in data:
+            raise ServiceError("INVALID_ARGUMENT", "edit-then-approve (edited_config) is not supported yet")
+        body = DecideIn(data=data)
+        body.is_valid(raise_exception=True)
+        values = body.validated_data
+        if values["decision"] == "answer":
+            # The raw values: a number is not free text, and "1" is not the option 1.
+            services.approval_answer(approval_id=approval.pk, user=request.user, value=data.get("value"),
+                                     freetext=data.get("freetext", ""), via="api")  # fmt: skip
+        else:
+            services.approval_decide(approval_id=approval.pk, user=request.user, decision=values["decision"],
+                                     reason=values["reason"], via="api")  # fmt: skip
+        return _approval_response(approval.pk)
+
+
 class ApprovalLink(APIView):
     @extend_schema(
         request=None,
@@ -82,7 +110,8 @@ class ApprovalLink(APIView):
     def post(self, request, pk):
         approval = get_object_or_404(selectors.approvals_visible_to(request.user), pk=pk)
         path = services.approval_link_create(approval=approval, user=request.user)
-        return Response({"url": request.build_absolute_uri(path)}, status=201)
+        # The token is in the URL's fragment, never its path or query (see approvals/views.py).
+        return Response({"url": settings.AUTOPLANE_PUBLIC_URL.rstrip("/") + path}, status=201)
 
 
 class StandingApprovalList(generics.ListAPIView):

@@ -43,6 +43,20 @@ class VerifyResultSerializer(serializers.Serializer):
     events = serializers.IntegerField(help_text="events verified")
     checkpoints = serializers.IntegerField(help_text="signed checkpoints verified")
     broken = BrokenLinkSerializer(allow_null=True, help_text="the first broken link, or null")
+    verified_at = serializers.DateTimeField(
+        allow_null=True, help_text="when these chains were last verified (the oldest of their times)"
+    )
+    full = serializers.BooleanField(
+        help_text="whether that was a full walk (every row, every signature) rather than one from the newest checkpoint"
+    )
+
+
+class VerifyQuerySerializer(serializers.Serializer):
+    full = serializers.BooleanField(
+        required=False, default=False,
+        help_text="walk every row and signature now: admins only, once per chain per "
+        "AUTOPLANE_AUDIT_FULL_VERIFY_INTERVAL_SECONDS (else 429 with Retry-After)",
+    )  # fmt: skip
 
 
 class PublicKeySerializer(serializers.Serializer):

@@ -6,14 +6,17 @@ part of ``audit`` that knows about workspaces, and nothing in audit imports it.
 
 from __future__ import annotations
 
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 
 from audit import selectors, signing
-from audit.verify import verify_all
+from audit.verifications import verification_full, verification_latest
 from audit.writer import chain_for
+from config.openapi import errors
 from config.pagination import AuditPagination
 from workspaces.access import workspace_ids_for, workspaces_for
 from workspaces.models import Permission
@@ -22,6 +25,7 @@ from .serializers import (
     AuditEventSerializer,
     AuditQuerySerializer,
     PublicKeyListSerializer,
+    VerifyQuerySerializer,
     VerifyResultSerializer,
 )
 
@@ -52,14 +56,27 @@ class AuditEventDetailView(_VisibleEventsMixin, generics.RetrieveAPIView):
         return selectors.audit_events(workspace_ids=self.visible_workspace_ids())
 
 
-@extend_schema(tags=["audit"], summary="Verify the chains of your workspaces")
+@extend_schema(
+    tags=["audit"], parameters=[VerifyQuerySerializer], responses={200: VerifyResultSerializer, **errors(403, 429)},
+    summary="The last verification of your workspaces' chains (a full walk now with ?full=true, admins)",
+)  # fmt: skip
 class AuditVerifyView(generics.GenericAPIView):
     serializer_class = VerifyResultSerializer
 
     def get(self, request, *args, **kwargs):
+        query = VerifyQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
         workspace_ids = workspaces_for(request.user, Permission.VIEW).values_list("id", flat=True)
-        result = verify_all([chain_for(ws_id) for ws_id in workspace_ids])
-        return Response(self.get_serializer(result.as_dict()).data)
+        chains = [chain_for(ws_id) for ws_id in workspace_ids]
+        if query.validated_data["full"]:
+            administered = set(workspace_ids_for(request.user, Permission.ADMINISTER))
+            if not chains or not administered.issuperset(workspace_ids):
+                raise PermissionDenied("a full verification is for admins of every workspace it covers")
+            body = {**verification_full(chains).as_dict(), "verified_at": timezone.now(), "full": True}
+        else:
+            result, verified_at, full = verification_latest(chains)
+            body = {**result.as_dict(), "verified_at": verified_at, "full": full}
+        return Response(self.get_serializer(body).data)
 
 
 @extend_schema(tags=["audit"], summary="Public keys that verify checkpoints and approval tokens")

@@ -11,6 +11,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from capabilities.builtin import emit_event
 from config.errors import InvalidArgument, ServiceError
 from config.openapi import errors
 from config.pagination import RunPagination
@@ -315,6 +316,9 @@ class EventPublish(APIView):
         _check_body_size(request)
         data = EventIn(data=request.data)
         data.is_valid(raise_exception=True)
+        if emit_event.reserved_event_type(data.validated_data["event_type"]):
+            raise InvalidArgument([{"path": "/event_type", "code": "reserved_event_type",
+                                    "message": emit_event.RESERVED_MESSAGE}])  # fmt: skip
         workspace = workspace_for_write(request, data.validated_data.get("workspace"), Permission.OPERATE)
         key = request.headers.get("Idempotency-Key")
         published = events.publish_event(

@@ -77,7 +77,7 @@ def _problems(
     definition = context.parse_json_object(answer)
     if definition is None:
         return None, [{"path": "/", "code": "not_json", "message": "the answer was not one JSON object"}], []
-    if len(json.dumps(definition)) > defs.MAX_DEFINITION_BYTES:
+    if defs.definition_size(definition) > defs.MAX_DEFINITION_BYTES:
         return None, [{"path": "/", "code": "too_large", "message": "the definition is too large"}], []
     issues = defs.validate_definition(definition, workspace_id=workspace.id, credential_names=names)
     missing = [i for i in issues if i["code"] == "unknown_credential"]

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from rest_framework import serializers
 
+from .. import mcp
 from ..credentials import NAME_PATTERN
 from ..models import Credential, CredentialKind, McpServer, McpTool, McpToolStatus, McpTransport, RiskLevel
 
@@ -25,7 +26,7 @@ class CredentialOut(serializers.ModelSerializer):
         model = Credential
         # Deliberately explicit: encrypted_value is never serialised.
         fields = ["id", "name", "kind", "metadata", "allowed_destinations", "allow_code_steps",
-                  "allowed_automations", "workspace", "created_at", "updated_at"]  # fmt: skip
+                  "allowed_automations", "approval_always", "workspace", "created_at", "updated_at"]  # fmt: skip
         read_only_fields = fields
 
     NAME_ONLY = ("id", "name", "kind", "workspace")
@@ -49,6 +50,9 @@ class CredentialIn(serializers.Serializer):
     allowed_destinations = serializers.JSONField(required=False, default=list)  # type: ignore[arg-type]
     allow_code_steps = serializers.BooleanField(required=False, default=False)
     allowed_automations = serializers.JSONField(required=False, default=None)
+    approval_always = serializers.BooleanField(
+        required=False, default=False, help_text="every step that uses it asks a human"
+    )
     workspace = serializers.SlugField(required=False)
 
 
@@ -60,6 +64,9 @@ class CredentialSecretIn(serializers.Serializer):
     allowed_destinations = serializers.JSONField(required=False)
     allow_code_steps = serializers.BooleanField(required=False)
     allowed_automations = serializers.JSONField(required=False)
+    approval_always = serializers.BooleanField(
+        required=False, help_text="every step that uses it asks a human"
+    )
 
 
 class McpServerOut(serializers.ModelSerializer):
@@ -77,6 +84,18 @@ class McpServerOut(serializers.ModelSerializer):
             "last_harvested_at", "last_error", "created_at", "updated_at",
         ]  # fmt: skip
         read_only_fields = fields
+
+    def to_representation(self, instance):
+        """Admins of the server's workspace see it all; anyone else its env keys (values masked), its
+        URL with userinfo and query values masked and its command with secret-looking flag values
+        masked: each can hold a literal secret."""
+        data = super().to_representation(instance)
+        administered = self.context.get("administered_workspaces")
+        if administered is None or instance.workspace_id not in administered:
+            data["url"] = mcp.masked_url(data["url"])
+            data["env"] = mcp.masked_env(data["env"])
+            data["command"] = mcp.masked_command(data["command"])
+        return data
 
 
 class McpServerIn(serializers.Serializer):

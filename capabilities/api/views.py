@@ -105,6 +105,7 @@ class CredentialList(_CredentialShapes, generics.ListAPIView):
             allowed_destinations=data.validated_data["allowed_destinations"],
             allow_code_steps=data.validated_data["allow_code_steps"],
             allowed_automations=data.validated_data["allowed_automations"],
+            approval_always=data.validated_data["approval_always"],
         )  # fmt: skip
         return Response(CredentialOut(credential).data, status=status.HTTP_201_CREATED)
 
@@ -155,7 +156,17 @@ def _credential_by_name(workspace_id: int, name: str | None) -> Credential | Non
     return credential
 
 
-class McpServerList(generics.ListAPIView):
+class _McpServerShapes(generics.GenericAPIView):
+    """Admins see env values and whole URLs; viewers the keys and masked URLs (McpServerOut)."""
+
+    def get_serializer_context(self):
+        administered = set(
+            workspaces_for(self.request.user, Permission.ADMINISTER).values_list("pk", flat=True)
+        )
+        return {**super().get_serializer_context(), "administered_workspaces": administered}
+
+
+class McpServerList(_McpServerShapes, generics.ListAPIView):
     serializer_class = McpServerOut
 
     def get_queryset(self):
@@ -172,10 +183,10 @@ class McpServerList(generics.ListAPIView):
         server = mcp.mcp_server_create(
             workspace=workspace, credential=credential, user=request.user, **values
         )
-        return Response(McpServerOut(server).data, status=status.HTTP_201_CREATED)
+        return Response(self.get_serializer(server).data, status=status.HTTP_201_CREATED)
 
 
-class McpServerDetail(generics.RetrieveAPIView):
+class McpServerDetail(_McpServerShapes, generics.RetrieveAPIView):
     serializer_class = McpServerOut
 
     def get_queryset(self):
@@ -191,7 +202,7 @@ class McpServerDetail(generics.RetrieveAPIView):
         if "credential" in changes:
             changes["credential"] = _credential_by_name(server.workspace_id, changes["credential"])
         server = mcp.mcp_server_update(server=server, user=request.user, **changes)
-        return Response(McpServerOut(server).data)
+        return Response(self.get_serializer(server).data)
 
 
 # APIView, not GenericAPIView: these POSTs take no body, and OPTIONS on a generic view

@@ -24,10 +24,8 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
 
-from .. import llm, tools
+from .. import json_schema, llm, tools
 from ..base import (
     ActionContext,
     ActionDefinition,
@@ -89,10 +87,10 @@ def estimate_cost(config: Mapping[str, Any]) -> Decimal:
 def validate(config: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     schema = config.get("output_schema")
     if isinstance(schema, dict):
-        try:
-            Draft202012Validator.check_schema(schema)
-        except SchemaError:
-            return [("/output_schema", "invalid_output_schema", "not a valid JSON Schema")]
+        problem = json_schema.schema_problem(schema)
+        if problem is not None:
+            return [("/output_schema" + problem[0], "invalid_output_schema",
+                     f"not a valid JSON Schema: {problem[1]}")]  # fmt: skip
     return []
 
 
@@ -124,7 +122,7 @@ def _final_answer(content: str | None, schema: Mapping[str, Any] | None) -> tupl
     except ValueError:
         return None, ["the answer is not JSON"]
     problems = [f"/{'/'.join(map(str, e.absolute_path))}: {e.message[:300]}"
-                for e in Draft202012Validator(schema).iter_errors(data)]  # fmt: skip
+                for e in json_schema.validator(schema).iter_errors(data)]  # fmt: skip
     return data, problems[:MAX_FEEDBACK_ERRORS]
 
 

@@ -71,6 +71,16 @@ CONFIG_SCHEMA: dict[str, Any] = {
 }
 
 
+def validate(config: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    headers = config.get("headers")
+    if isinstance(headers, Mapping):
+        for name in headers:
+            if isinstance(name, str) and name.strip().lower() == "host":
+                return [(f"/headers/{name}", "header_not_allowed",
+                         "a Host header is never sent: the request names the URL's host")]  # fmt: skip
+    return []
+
+
 def describe(config: Mapping[str, Any]) -> Capability:
     method = str(config.get("method", "GET")).upper()
     timeout = config.get("timeout_seconds", DEFAULT_TIMEOUT_SECONDS)
@@ -133,7 +143,8 @@ def perform_request(
     auth = _credential_headers(ctx, credential, url) if credential else {}
     payload, content_type = _payload(json, has_json, body)
 
-    with egress.EgressClient(egress.effective_allowlist(ctx.egress_allowlist)) as client:
+    allowlist = () if ctx.public_egress_only else egress.effective_allowlist(ctx.egress_allowlist)
+    with egress.EgressClient(allowlist) as client:
         # A cancel abandons the call in flight: its connection is shut down under it.
         forget = ctx.cancelled.on_set(client.abort)
         try:
@@ -232,7 +243,10 @@ def _has(headers: Mapping[str, str], name: str) -> bool:
 def _request_headers(
     ctx: ActionContext, method: str, headers: Mapping[str, str], *, same_origin: bool
 ) -> dict[str, str]:
-    out = {k: v for k, v in headers.items() if same_origin or k.lower() not in _CROSS_ORIGIN_STRIPPED}
+    # A caller's Host header is never sent: the request goes to the URL's host, named as such
+    # (refused at save in a definition; dropped here for templated and agent-chosen headers).
+    out = {k: v for k, v in headers.items()
+           if k.strip().lower() != "host" and (same_origin or k.lower() not in _CROSS_ORIGIN_STRIPPED)}  # fmt: skip
     # Lets the remote deduplicate a request the executor retries or recovers.
     if method != "GET" and not _has(out, "idempotency-key"):
         out["Idempotency-Key"] = ctx.idempotency_key
@@ -372,6 +386,7 @@ ACTION = ActionDefinition(
     config_schema=CONFIG_SCHEMA,
     describe=describe,
     handler=handler,
+    validate=validate,
     risk_inputs=lambda config: RiskInputs(method=str(config.get("method", "GET")).upper()),
     credential_destination=lambda config: config.get("url"),
     as_tool=True,

@@ -1,5 +1,11 @@
 """``send_email``: one message through Django's email framework (console in dev, SMTP in prod).
 
+Sender: ``from`` may only be ``DEFAULT_FROM_EMAIL`` or a sender
+``AUTOPLANE_EMAIL_ALLOWED_FROM`` lists (an address, or ``@example.com`` for a
+domain); anything else is refused at save (``sender_not_allowed``) and, for a
+templated or agent-chosen ``from``, at run (``POLICY_VIOLATION``): the platform's
+relay sends as the organisation, so a step must not pick who it claims to be.
+
 Failure mapping: if the connection cannot be opened nothing was sent
 (``TEMPORARILY_UNAVAILABLE``); if the server definitively refused the message
 (sender, recipients or data rejected) it was not delivered (4xx temporary,
@@ -13,6 +19,7 @@ import hashlib
 import logging
 import smtplib
 from collections.abc import Mapping
+from email.utils import parseaddr
 from typing import Any
 
 from django.conf import settings
@@ -51,6 +58,35 @@ CONFIG_SCHEMA: dict[str, Any] = {
 }
 
 
+def sender_allowed(address: str) -> bool:
+    """``address`` is DEFAULT_FROM_EMAIL's address or one AUTOPLANE_EMAIL_ALLOWED_FROM allows."""
+    wanted = address.strip().lower()
+    if not wanted or "@" not in wanted:
+        return False
+    if wanted == parseaddr(settings.DEFAULT_FROM_EMAIL)[1].lower():
+        return True
+    domain = "@" + wanted.rpartition("@")[2]
+    for entry in settings.AUTOPLANE_EMAIL_ALLOWED_FROM:
+        allowed = entry.strip().lower()
+        if allowed.startswith("@") and domain == allowed:
+            return True
+        if allowed and not allowed.startswith("@") and parseaddr(allowed)[1] == wanted:
+            return True
+    return False
+
+
+def _is_template(value: Any) -> bool:
+    return isinstance(value, str) and any(marker in value for marker in ("{{", "{%", "{#"))
+
+
+def validate(config: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    sender = config.get("from")
+    if isinstance(sender, str) and not _is_template(sender) and not sender_allowed(sender):
+        return [("/from", "sender_not_allowed",
+                 f"{sender[:254]!r} is not an allowed sender (DEFAULT_FROM_EMAIL or AUTOPLANE_EMAIL_ALLOWED_FROM)")]  # fmt: skip
+    return []
+
+
 def _recipient_count(config: Mapping[str, Any]) -> int | None:
     to, cc = config.get("to"), config.get("cc", [])
     if not isinstance(to, list) or not isinstance(cc, list):
@@ -82,6 +118,9 @@ def _message_id(ctx: ActionContext, from_email: str) -> str:
 
 def handler(ctx: ActionContext, config: Mapping[str, Any]) -> Envelope:
     from_email = config.get("from") or settings.DEFAULT_FROM_EMAIL
+    if config.get("from") and not sender_allowed(str(config["from"])):
+        raise StepFailure(ErrorCode.POLICY_VIOLATION,
+                          f"'{str(config['from'])[:254]}' is not an allowed sender; nothing was sent", retryable=False)  # fmt: skip
     to, cc = list(config["to"]), list(config.get("cc") or [])
     connection = get_connection(fail_silently=False, timeout=ctx.timeout_seconds)
     message = EmailMultiAlternatives(
@@ -138,6 +177,7 @@ ACTION = ActionDefinition(
     config_schema=CONFIG_SCHEMA,
     describe=describe,
     handler=handler,
+    validate=validate,
     notifies=lambda config: [*(config.get("to") or []), *(config.get("cc") or [])],
     # A message half handed to the mail server may or may not go out: the hand-over finishes,
     # then the run stops.

@@ -9,6 +9,7 @@ from django.core.management import CommandError, call_command
 
 from audit.models import AuditEvent
 from tests.factories import client_for
+from workspaces import denylist
 from workspaces.models import Membership
 
 pytestmark = pytest.mark.django_db
@@ -152,3 +153,58 @@ def test_create_api_token_will_not_demote_the_last_admin(workspace, owner):
         call_command("create_api_token", "owner", "--workspace", "acme", "--role", "viewer")
 
     assert Membership.objects.get(user=owner).role == "admin"
+
+
+HOSTILE_ALLOWLIST_ENTRIES = [
+    "127.0.0.0/8", "127.0.0.1", "::1", "[::1]", "[::ffff:127.0.0.1]", "::ffff:0:0/96", "0.0.0.0/0", "::/0",
+    "0.0.0.0", "169.254.0.0/16", "169.254.169.254", "fd00:ec2::254", "fe80::/10", "2130706433", "0x7f000001",
+    "127.1", "localhost", "api.localhost", "metadata.google.internal", "2002::/16", "64:ff9b::/96",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("entry", HOSTILE_ALLOWLIST_ENTRIES)
+def test_an_allowlist_entry_overlapping_the_platform_deny_list_is_refused(api, workspace, entry):
+    response = api.patch(
+        "/api/v1/workspaces/acme", {"egress_allowlist": ["10.1.0.0/16", entry]}, format="json"
+    )
+
+    assert response.status_code == 400
+    error = response.json()["errors"][0]
+    assert (error["path"], error["code"]) == ("/egress_allowlist/1", "egress_denied")
+    assert "deny-list" in error["message"]
+    workspace.refresh_from_db()
+    assert workspace.egress_allowlist == []
+    assert not AuditEvent.objects.filter(type="operator.workspace.updated").exists()
+
+
+def test_a_name_resolving_into_the_deny_list_and_the_platform_hosts_are_refused(api, workspace, settings,
+                                                                                monkeypatch):  # fmt: skip
+    import socket
+
+    real_getaddrinfo = socket.getaddrinfo
+    answers = {"friendly.example": "127.0.0.1", "db.internal": "10.9.8.7"}
+
+    def fake(host, *args, **kwargs):
+        if host in answers:
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answers[host], 0))]
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake)
+    monkeypatch.setattr(denylist, "_resolved", {})  # no answer cached from another test
+    settings.CELERY_RESULT_BACKEND = "redis://db.internal:6379/1"
+    settings.AUTOPLANE_EGRESS_DENYLIST = ["192.168.50.0/24"]
+
+    for entry in (
+        "friendly.example",
+        "db.internal",
+        "10.9.8.7",
+        "10.0.0.0/8",
+        "192.168.50.9",
+        "192.168.0.0/16",
+    ):
+        response = api.patch("/api/v1/workspaces/acme", {"egress_allowlist": [entry]}, format="json")
+        assert response.status_code == 400, entry
+        assert response.json()["errors"][0]["code"] == "egress_denied"
+    ok = api.patch("/api/v1/workspaces/acme", {"egress_allowlist": ["10.1.0.0/16", "192.168.51.0/24"]},
+                   format="json")  # fmt: skip
+    assert ok.status_code == 200

@@ -99,5 +99,6 @@ def path_for():
 
 
 @pytest.fixture(autouse=True)
-def _no_deployment_allowlist(settings) -> None:
-    settings.AUTOPLANE_EGRESS_ALLOWLIST = []
+def _loopback_by_deployment(settings) -> None:
+    # The local upstream is on loopback: on the egress deny-list, which only the deployment opens.
+    settings.AUTOPLANE_EGRESS_ALLOWLIST = ["127.0.0.1"]

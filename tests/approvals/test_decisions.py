@@ -250,19 +250,45 @@ def test_the_expire_task_is_registered_under_its_beat_name():
 # --- one-click links ---------------------------------------------------------------------
 
 
+def _open(browser: Client, url: str):
+    """What the link page's script does: POST the fragment's token to the page (step=review)."""
+    path, _, token = url.partition("#")
+    page = browser.get(path)
+    assert page.status_code == 200
+    assert 'id="open"' in page.content.decode()
+    csrf = page.cookies["csrftoken"].value
+    return (
+        path,
+        token,
+        csrf,
+        browser.post(path, {"csrfmiddlewaretoken": csrf, "token": token, "step": "review"}),
+    )
+
+
+def test_one_click_link_keeps_the_token_out_of_path_and_query(people, parked):
+    url = approval_link_create(approval=parked.approval, user=people.alice)
+
+    path, _, token = url.partition("#")
+    assert path == "/api/v1/approvals/link/"
+    assert "?" not in url
+    assert len(token) > 40  # the signed token is only in the fragment, which browsers never send
+
+
 def test_one_click_link_shows_the_payload_and_approves_once(drive, people, target, parked):
     url = approval_link_create(approval=parked.approval, user=people.alice)
     browser = Client(enforce_csrf_checks=True)
 
-    page = browser.get(url)
+    path, token, csrf, page = _open(browser, url)
     assert page.status_code == 200
     body = page.content.decode()
     assert target.url(parked.path) in body
     assert "create_item" in body
     assert 'id="confirm"' in body
+    assert (
+        Approval.objects.get(pk=parked.approval.pk).status == ApprovalStatus.PENDING
+    )  # reviewing decides nothing
 
-    token = page.cookies["csrftoken"].value
-    confirmed = browser.post(url, {"csrfmiddlewaretoken": token})
+    confirmed = browser.post(path, {"csrfmiddlewaretoken": csrf, "token": token, "step": "approve"})
     assert confirmed.status_code == 200
     assert 'id="done"' in confirmed.content.decode()
     approval = Approval.objects.get(pk=parked.approval.pk)
@@ -270,7 +296,7 @@ def test_one_click_link_shows_the_payload_and_approves_once(drive, people, targe
     assert approval.decisions.get().via == "link"
     assert approval.decisions.get().user == people.alice
 
-    again = browser.post(url, {"csrfmiddlewaretoken": token})
+    again = browser.post(path, {"csrfmiddlewaretoken": csrf, "token": token, "step": "approve"})
     assert again.status_code == 409
     assert ConsumedNonce.objects.filter(nonce__startswith="link:").count() == 1
     assert drive.resume(parked.run).status == "succeeded"
@@ -278,23 +304,24 @@ def test_one_click_link_shows_the_payload_and_approves_once(drive, people, targe
 
 
 def test_one_click_link_post_without_csrf_token_is_refused(people, parked):
-    url = approval_link_create(approval=parked.approval, user=people.alice)
+    path, _, token = approval_link_create(approval=parked.approval, user=people.alice).partition("#")
 
-    response = Client(enforce_csrf_checks=True).post(url)
+    response = Client(enforce_csrf_checks=True).post(path, {"token": token, "step": "approve"})
 
     assert response.status_code == 403
     assert Approval.objects.get(pk=parked.approval.pk).status == ApprovalStatus.PENDING
 
 
 def test_tampered_or_expired_link_is_refused(people, parked, monkeypatch):
-    url = approval_link_create(approval=parked.approval, user=people.alice)
-    assert Client().get(url[:-3] + "abc").status_code == 400
+    path, _, token = approval_link_create(approval=parked.approval, user=people.alice).partition("#")
+    assert Client().post(path, {"token": token[:-3] + "abc", "step": "review"}).status_code == 400
+    assert Client().post(path, {"step": "approve"}).status_code == 400
 
     from approvals import services
 
     later = timezone.now() + timedelta(days=2)
     monkeypatch.setattr(services, "timezone", SimpleNamespace(now=lambda: later))
-    assert Client().get(url).status_code == 400
+    assert Client().post(path, {"token": token, "step": "review"}).status_code == 400
 
 
 def test_one_click_link_respects_four_eyes(drive, people, target, path_for, four_eyes):
@@ -304,9 +331,9 @@ def test_one_click_link_respects_four_eyes(drive, people, target, path_for, four
     )
     url = approval_link_create(approval=drive.approval(run), user=people.owner)
     browser = Client(enforce_csrf_checks=True)
-    token = browser.get(url).cookies["csrftoken"].value
+    path, token, csrf, _ = _open(browser, url)
 
-    response = browser.post(url, {"csrfmiddlewaretoken": token})
+    response = browser.post(path, {"csrfmiddlewaretoken": csrf, "token": token, "step": "approve"})
 
     assert response.status_code == 403
     assert drive.approval(run).status == ApprovalStatus.PENDING

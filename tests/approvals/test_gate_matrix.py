@@ -14,7 +14,7 @@ from automations.definition import describe_step
 from automations.models import DomainEvent
 from capabilities import mcp, registry
 from capabilities.base import Risk
-from tests.factories import audit_types, critical_step, definition, risk_step
+from tests.factories import audit_types, critical_step, definition, harvest_approved, risk_step
 from workspaces.models import Workspace
 
 LEVELS = ["A0", "A1", "A2", "A3", "A4"]
@@ -32,7 +32,7 @@ EXPECTED = {
 @pytest.fixture
 def files(workspace, mcp_http):
     """The test MCP server's tools in ``workspace`` as ``files.*`` (the critical step deletes a note there)."""
-    mcp.mcp_harvest(
+    harvest_approved(
         mcp.mcp_server_create(workspace=workspace, slug="files", transport="http", url=mcp_http.url)
     )
     return mcp_http

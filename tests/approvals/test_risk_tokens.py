@@ -9,7 +9,7 @@ from automations.definition import describe_step
 from automations.steps import risk_for
 from capabilities import mcp, registry
 from capabilities.base import Capability, Risk, RiskInputs, SideEffect
-from tests.factories import critical_step, definition, http_step
+from tests.factories import critical_step, definition, harvest_approved, http_step
 
 
 def risk_of(step: dict) -> tuple[Risk, list[str]]:
@@ -112,7 +112,7 @@ def test_network_from_a_sandbox_is_at_least_high_and_says_so():
 
 
 def test_a_refusal_says_which_rule_raised_the_risk(request, drive, workspace, mcp_http):
-    mcp.mcp_harvest(
+    harvest_approved(
         mcp.mcp_server_create(workspace=workspace, slug="files", transport="http", url=mcp_http.url)
     )
     mcp_http.notes.write_text("keep me\n")

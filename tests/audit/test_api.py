@@ -113,4 +113,6 @@ def test_verify_covers_only_the_callers_chains(api_users, tamper):
         "events": 0,
         "checkpoints": 0,
         "broken": None,
+        "verified_at": None,
+        "full": False,
     }

@@ -40,3 +40,26 @@ def test_the_secret_and_its_encodings_are_redacted(leaked: str) -> None:
 def test_ordinary_text_is_left_alone() -> None:
     text = "plain words, 0123456789abcdef and aGVsbG8gd29ybGQ="
     assert redact(text, [SECRET]) == text
+
+
+@pytest.mark.parametrize("secret", ["7", "ab", "x9!", "é"])
+def test_a_short_secret_is_redacted_where_a_whole_value_is_it(secret: str) -> None:
+    raw = secret.encode()
+    data = {"pin": secret, "list": [secret, quote(secret, safe=""), raw.hex(), base64.b64encode(raw).decode()],
+            secret: "as a key"}  # fmt: skip
+
+    redacted = redact(data, [secret])
+
+    assert redacted["pin"] == REDACTED
+    assert redacted["list"] == [REDACTED] * 4
+    assert REDACTED in redacted  # the key
+
+
+@pytest.mark.parametrize("secret", ["7", "ab", "x9!"])
+def test_a_short_secret_inside_longer_text_is_left_alone(secret: str) -> None:
+    text = f"order {secret}7 of 2024, abc x9!z"
+    assert redact({"t": text}, [secret]) == {"t": text}
+
+
+def test_an_empty_secret_redacts_nothing() -> None:
+    assert redact({"a": "", "b": "x"}, [""]) == {"a": "", "b": "x"}

@@ -53,5 +53,5 @@ def test_what_the_engine_asked_by_name_is_declared_on_the_definitions():
     assert {n for n, a in actions.items() if a.credential_destination} == {"http_request"}
     assert {n for n, a in actions.items() if a.as_tool} == {"http_request", "send_email", "emit_event"}
     assert {n for n, a in actions.items() if a.model_driven} == {"agent_task"}
-    assert {n for n, a in actions.items() if a.always_asks_human} == {"require_approval"}
+    assert {n for n, a in actions.items() if a.always_asks_human} == {"require_approval", "ask_human"}
     assert actions["call_capability"].uses({"capability": "core.echo"}) == ["core.echo"]

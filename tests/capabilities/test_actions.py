@@ -50,7 +50,7 @@ def make_ctx(**overrides: Any) -> ActionContext:
         "trace_id": "trace-1",
         "idempotency_key": "run-1:step-1",
         "timeout_seconds": 5,
-        "egress_allowlist": ("127.0.0.1",),
+        "egress_allowlist": (),
     }
     return ActionContext(**(fields | overrides))
 
@@ -131,8 +131,9 @@ def base_url() -> Iterator[str]:
 
 
 @pytest.fixture(autouse=True)
-def _no_deployment_allowlist(settings) -> None:
-    settings.AUTOPLANE_EGRESS_ALLOWLIST = []
+def _loopback_by_deployment(settings) -> None:
+    # The local servers are on loopback: on the deny-list, which only the deployment opens.
+    settings.AUTOPLANE_EGRESS_ALLOWLIST = ["127.0.0.1"]
 
 
 def closed_port() -> int:
@@ -440,7 +441,7 @@ def test_unknown_or_unusable_credentials_are_invalid_arguments(base_url: str, cr
 
 def test_credentials_and_authorization_do_not_follow_a_redirect_to_another_origin(base_url: str) -> None:
     port = base_url.rsplit(":", 1)[1]
-    ctx = make_ctx(resolve_credential=fake_resolver, egress_allowlist=("127.0.0.1", "localhost"))
+    ctx = make_ctx(resolve_credential=fake_resolver)
 
     envelope = http_request.ACTION.handler(
         ctx,
@@ -471,10 +472,11 @@ def test_core_echo_returns_its_args() -> None:
     )
 
 
-def test_core_http_get_uses_the_guard(base_url: str) -> None:
+def test_core_http_get_uses_the_guard(base_url: str, settings) -> None:
     assert native.HTTP_GET.handler(make_ctx(), {"url": f"{base_url}/echo"}).data["status"] == 200
+    settings.AUTOPLANE_EGRESS_ALLOWLIST = []
     with pytest.raises(StepFailure) as info:
-        native.HTTP_GET.handler(make_ctx(egress_allowlist=()), {"url": f"{base_url}/echo"})
+        native.HTTP_GET.handler(make_ctx(egress_allowlist=("127.0.0.1",)), {"url": f"{base_url}/echo"})
     assert info.value.code == ErrorCode.POLICY_VIOLATION
     assert native.HTTP_GET.side_effects == frozenset({SideEffect.READ})
 
@@ -657,7 +659,8 @@ def test_send_email_sends_through_django(mailoutbox, settings) -> None:
     assert message.extra_headers["Message-ID"].endswith(".autoplane@example.net>")
 
 
-def test_send_email_message_id_is_stable_per_step(mailoutbox) -> None:
+def test_send_email_message_id_is_stable_per_step(mailoutbox, settings) -> None:
+    settings.AUTOPLANE_EMAIL_ALLOWED_FROM = ["ops@example.org"]
     config = {"to": ["a@example.com"], "subject": "s", "body": "b", "from": "ops@example.org"}
 
     send_email.ACTION.handler(make_ctx(), config)

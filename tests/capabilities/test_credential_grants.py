@@ -213,3 +213,36 @@ def test_viewers_and_approvers_see_credential_names_and_kinds_only(workspace):
     for role in (Role.OPERATOR, Role.ADMIN):
         assert seen[role]["metadata"]["token_url"] == "https://idp.example.com/token"
         assert seen[role]["allowed_destinations"] == []
+
+
+HOSTILE_PATHS = ["/v1/%2e%2e/admin", "/v1/%2E./admin", "/v1/.%2e/admin", "/v1/..;/admin", "/v1/%2e%2e;x/admin",
+                 "/v1/a/../../admin", "/v1/%2fadmin", "/v1%2f..%2fadmin", "/v1/%2F..%2Fadmin", "/v1\\..\\admin",
+                 "/v1/%5c..%5cadmin", "/v1/%zz", "/v1/%00", "/v1x/", "/v1/../v1x/"]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", HOSTILE_PATHS)
+def test_a_url_prefix_grant_compares_the_path_a_server_resolves(path) -> None:
+    from capabilities.grants import Grant
+
+    grant = Grant(allowed_destinations=("https://host.example/v1/x/",))
+
+    assert not grant.allows_destination(f"https://host.example{path.replace('/v1', '/v1/x', 1)}"), path
+    assert grant.allows_destination("https://host.example/v1/x/ok")
+    assert grant.allows_destination("https://host.example/v1/x//ok")  # "//" collapses, still under the prefix
+    assert grant.allows_destination("https://host.example/v1/x/a/../%7euser")  # resolved: /v1/x/~user
+
+
+@pytest.mark.parametrize("path", ["/v1/%2e%2e/admin", "/v1/%2E./admin", "/v1/..;/admin", "/v1/%2fadmin"])
+def test_a_templated_url_escaping_the_prefix_by_encoding_gets_no_credential(
+    workspace, operator, drive, echo, path
+):
+    credentials.credential_create(workspace=workspace, name="api", kind="bearer", secret={"token": TOKEN},
+                                  allowed_destinations=[f"{echo}/v1/"])  # fmt: skip
+    saved = automation(workspace, operator, call("{{ inputs.url }}"), inputs={"url": {"type": "string"}})
+    before = len(_Echo.hits)
+
+    finished, step = run(drive, saved, operator, {"url": f"{echo}{path}"})
+
+    assert finished.status == "failed"
+    assert step.output["error"]["code"] == ErrorCode.POLICY_VIOLATION
+    assert len(_Echo.hits) == before  # nothing was sent

@@ -235,7 +235,7 @@ def _oauth2(workspace, token_endpoint, **metadata):
 
 
 def test_oauth2_refreshes_a_missing_token_once_and_stores_it_encrypted(workspace, token_endpoint, settings):
-    settings.AUTOPLANE_EGRESS_ALLOWLIST = []
+    settings.AUTOPLANE_EGRESS_ALLOWLIST = ["127.0.0.1"]  # the local token endpoint: loopback, deny-listed
     _oauth2(workspace, token_endpoint)
 
     value, secrets = credentials.credential_resolve(workspace_id=workspace.id, name="oauth")
@@ -342,7 +342,8 @@ def test_api_create_and_list_never_return_the_secret(api, workspace):
 
     assert created.status_code == 201, created.content
     assert set(created.json()) == {"id", "name", "kind", "metadata", "workspace", "created_at", "updated_at",
-                                   "allowed_destinations", "allow_code_steps", "allowed_automations"}  # fmt: skip
+                                   "allowed_destinations", "allow_code_steps", "allowed_automations",
+                                   "approval_always"}  # fmt: skip
     assert created.json()["metadata"] == {"header_name": "X-Api-Key"}
     assert listed.status_code == 200
     assert listed.json()["count"] == 1

@@ -18,6 +18,7 @@ import pytest
 from capabilities import egress
 from capabilities.base import ActionContext, ErrorCode, StepFailure
 from capabilities.builtin import http_request
+from workspaces import denylist
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -56,6 +57,12 @@ def server() -> Iterator[ThreadingHTTPServer]:
 @pytest.fixture(autouse=True)
 def _no_deployment_allowlist(settings) -> None:
     settings.AUTOPLANE_EGRESS_ALLOWLIST = []
+
+
+@pytest.fixture
+def loopback_opened(settings) -> None:
+    """The local test servers are on loopback, which only the deployment allowlist opens."""
+    settings.AUTOPLANE_EGRESS_ALLOWLIST = ["127.0.0.1"]
 
 
 def _ctx(allowlist: tuple[str, ...] = ()) -> ActionContext:
@@ -137,27 +144,106 @@ def test_octal_ip_form_is_refused_as_an_invalid_url() -> None:
 @pytest.mark.parametrize(
     ("url", "allowlist"),
     [
-        ("http://127.0.0.1/", ["127.0.0.1"]),
-        ("http://2130706433/", ["127.0.0.0/8"]),
-        ("http://localhost/", ["localhost"]),
-        ("http://LocalHost./", ["localhost"]),
         ("http://10.0.0.1/", ["10.0.0.0/8"]),
-        ("http://169.254.169.254/", ["169.254.169.254/32"]),
-        ("http://[::1]/", ["::1"]),
-        ("http://[::1]/", ["[::1]"]),
+        ("http://192.168.7.9/", ["192.168.7.0/24"]),
+        ("http://[fc00::5]/", ["fc00::/7"]),
     ],
 )
 def test_check_url_allows_allowlisted_hosts_and_networks(url: str, allowlist: list[str]) -> None:
     egress.check_url(url, allowlist)
 
 
+DENIED_OPENINGS = [
+    ("http://127.0.0.1/", ["127.0.0.1"]),
+    ("http://2130706433/", ["127.0.0.0/8"]),
+    ("http://localhost/", ["localhost"]),
+    ("http://LocalHost./", ["localhost"]),
+    ("http://169.254.169.254/", ["169.254.169.254/32"]),
+    ("http://[::1]/", ["::1"]),
+    ("http://[::1]/", ["[::1]"]),
+    ("http://[::ffff:127.0.0.1]/", ["::ffff:127.0.0.1"]),
+    ("http://127.0.0.1/", ["0.0.0.0/0"]),
+]
+
+
+@pytest.mark.parametrize(("url", "allowlist"), DENIED_OPENINGS)
+def test_a_workspace_allowlist_never_opens_the_deny_list(url: str, allowlist: list[str]) -> None:
+    with pytest.raises(StepFailure) as info:
+        egress.check_url(url, egress.effective_allowlist(allowlist))
+
+    assert info.value.code == ErrorCode.POLICY_VIOLATION
+    assert "deny-list" in info.value.message
+
+
+@pytest.mark.parametrize(("url", "allowlist"), DENIED_OPENINGS[:7])
+def test_the_deployment_allowlist_opens_a_denied_target_by_naming_it(
+    url: str, allowlist: list[str], settings
+) -> None:
+    settings.AUTOPLANE_EGRESS_ALLOWLIST = allowlist
+
+    egress.check_url(url, egress.effective_allowlist([]))
+
+
+def test_a_broad_deployment_entry_does_not_open_the_deny_list(settings) -> None:
+    settings.AUTOPLANE_EGRESS_ALLOWLIST = ["0.0.0.0/0", "::/0"]
+
+    egress.check_url("http://10.0.0.1/", egress.effective_allowlist([]))  # private, opened
+    for url in ("http://127.0.0.1/", "http://169.254.169.254/", "http://[::1]/"):
+        with pytest.raises(StepFailure, match="deny-list"):
+            egress.check_url(url, egress.effective_allowlist([]))
+
+
+def test_a_name_that_resolves_into_the_deny_list_is_refused_even_when_allowlisted(monkeypatch) -> None:
+    """DNS rebinding/hostile DNS: a workspace may list a name; what it resolves to is checked."""
+    real_getaddrinfo = socket.getaddrinfo
+
+    def hostile(host, *args, **kwargs):
+        if host == "friendly.example":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", 80))]
+        if host == "meta.example":
+            return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::ffff:169.254.169.254", 80, 0, 0))]
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", hostile)
+    for name in ("friendly.example", "meta.example"):
+        with pytest.raises(StepFailure, match="deny-list") as info:
+            egress.check_url(f"http://{name}/", [name, "0.0.0.0/0", "::/0"])
+        assert info.value.code == ErrorCode.POLICY_VIOLATION
+
+
+@pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+def test_the_platform_database_and_broker_hosts_are_denied(settings, monkeypatch) -> None:
+    real_getaddrinfo = socket.getaddrinfo
+    addresses = {"db.internal": "10.9.8.7", "broker.internal": "10.9.8.6"}
+
+    def fake(host, *args, **kwargs):
+        if host in addresses:
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (addresses[host], 5432))]
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake)
+    monkeypatch.setattr(denylist, "_resolved", {})  # no answer cached from another test
+    settings.DATABASES = {
+        **settings.DATABASES,
+        "platform": {**settings.DATABASES["default"], "HOST": "db.internal"},
+    }
+    settings.CELERY_BROKER_URL = "redis://:secret@broker.internal:6379/0"
+    settings.AUTOPLANE_EGRESS_DENYLIST = ["10.20.0.0/16", "vault.internal"]
+
+    for url in ("http://db.internal:5432/", "http://10.9.8.7/", "http://broker.internal/", "http://10.9.8.6:6379/",
+                "http://10.20.1.1/", "http://vault.internal/"):  # fmt: skip
+        with pytest.raises(StepFailure, match="deny-list"):
+            egress.check_url(url, ["10.0.0.0/8", "db.internal", "broker.internal", "vault.internal"])
+    egress.check_url("http://10.9.8.5/", ["10.0.0.0/8"])  # the rest of the private network stays open
+
+
 def test_deployment_allowlist_is_combined_with_the_workspace_one(settings) -> None:
     settings.AUTOPLANE_EGRESS_ALLOWLIST = ["10.0.0.0/8"]
 
-    allowlist = egress.effective_allowlist(["127.0.0.1"])
+    allowlist = egress.effective_allowlist(["192.168.5.0/24"])
 
     egress.check_url("http://10.1.2.3/", allowlist)
-    egress.check_url("http://127.0.0.1/", allowlist)
+    egress.check_url("http://192.168.5.1/", allowlist)
     with pytest.raises(StepFailure):
         egress.check_url("http://192.168.0.1/", allowlist)
 
@@ -188,7 +274,7 @@ def test_unresolvable_host_is_temporarily_unavailable() -> None:
     assert info.value.code == ErrorCode.TEMPORARILY_UNAVAILABLE
 
 
-def test_allowlisted_server_is_reachable(server: ThreadingHTTPServer) -> None:
+def test_allowlisted_server_is_reachable(server: ThreadingHTTPServer, loopback_opened: None) -> None:
     port = server.server_address[1]
 
     envelope = http_request.ACTION.handler(_ctx(("127.0.0.1",)), {"url": f"http://127.0.0.1:{port}/"})
@@ -218,7 +304,7 @@ def test_deployment_allowlist_alone_makes_a_server_reachable(server: ThreadingHT
     ],
 )
 def test_redirect_from_allowlisted_server_to_internal_target_is_refused(
-    server: ThreadingHTTPServer, target: str
+    server: ThreadingHTTPServer, target: str, loopback_opened: None
 ) -> None:
     port = server.server_address[1]
     location = target.format(port=port)
@@ -232,7 +318,9 @@ def test_redirect_from_allowlisted_server_to_internal_target_is_refused(
     assert info.value.code == ErrorCode.POLICY_VIOLATION
 
 
-def test_redirect_to_an_allowlisted_target_is_followed(server: ThreadingHTTPServer) -> None:
+def test_redirect_to_an_allowlisted_target_is_followed(
+    server: ThreadingHTTPServer, loopback_opened: None
+) -> None:
     port = server.server_address[1]
 
     envelope = http_request.ACTION.handler(
@@ -245,7 +333,7 @@ def test_redirect_to_an_allowlisted_target_is_followed(server: ThreadingHTTPServ
 
 
 def test_connection_goes_to_the_checked_address_not_a_second_lookup(
-    server: ThreadingHTTPServer, monkeypatch: pytest.MonkeyPatch
+    server: ThreadingHTTPServer, monkeypatch: pytest.MonkeyPatch, loopback_opened: None
 ) -> None:
     """DNS rebinding: the first answer is checked; later answers must not be used."""
     port = server.server_address[1]

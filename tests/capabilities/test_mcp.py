@@ -24,7 +24,7 @@ from automations.models import Run, RunStatus, StepRun
 from capabilities import credentials, mcp, registry, tasks
 from capabilities.base import ErrorCode, Risk, SideEffect
 from capabilities.models import McpServer, McpTool, McpToolStatus
-from tests.factories import client_for
+from tests.factories import client_for, harvest_approved
 from workspaces.models import Workspace
 
 pytestmark = pytest.mark.django_db
@@ -89,8 +89,8 @@ def test_harvest_over_http_records_untrusted_tools(workspace, mcp_http):
     tools = McpTool.objects.filter(server=server)
     assert {t.name for t in tools} == TOOLS
     for tool in tools:
-        assert tool.status == McpToolStatus.ACTIVE
-        assert tool.approved_hash == tool.schema_hash
+        assert tool.status == McpToolStatus.PENDING  # nobody approved it yet
+        assert tool.approved_hash == ""
         assert tool.risk_override is None
     read = _tool("read_file")
     assert read.description == "Read a text file and return its content."
@@ -104,19 +104,22 @@ def test_harvest_over_http_records_untrusted_tools(workspace, mcp_http):
 
     again = mcp.mcp_harvest(server)
     assert again.counts() == {"new": 0, "changed": 0, "removed": 0, "restored": 0, "unchanged": len(TOOLS)}
+    assert set(McpTool.objects.filter(server=server).values_list("status", flat=True)) == {
+        McpToolStatus.PENDING
+    }
 
 
 def test_harvest_over_stdio_records_tools(workspace, stdio_command, tmp_path):
     server = _stdio(workspace, stdio_command, tmp_path)
 
-    result = mcp.mcp_harvest(server)
+    result = harvest_approved(server)
 
     assert sorted(result.new) == sorted(TOOLS)
     assert set(McpTool.objects.filter(server=server).values_list("name", flat=True)) == TOOLS
 
 
 def test_harvested_tools_are_high_risk_capabilities_in_the_api(workspace, mcp_http, api):
-    mcp.mcp_harvest(_http(workspace, mcp_http))
+    harvest_approved(_http(workspace, mcp_http))
 
     response = api.get("/api/v1/capabilities")
 
@@ -133,7 +136,7 @@ def test_harvested_tools_are_high_risk_capabilities_in_the_api(workspace, mcp_ht
 
 
 def test_capability_lookup_is_scoped_to_the_workspace(workspace, other_workspace, mcp_http):
-    mcp.mcp_harvest(_http(workspace, mcp_http))
+    harvest_approved(_http(workspace, mcp_http))
 
     capability = registry.get_capability("files.read_file", workspace.id)
     assert capability is not None
@@ -160,7 +163,7 @@ def test_a_private_mcp_url_needs_the_egress_allowlist(workspace, mcp_http, setti
     server = _http(workspace, mcp_http)
 
     with pytest.raises(mcp.McpServiceError) as caught:
-        mcp.mcp_harvest(server)
+        harvest_approved(server)
 
     assert caught.value.code == ErrorCode.POLICY_VIOLATION
     server.refresh_from_db()
@@ -172,7 +175,7 @@ def test_a_private_mcp_url_needs_the_egress_allowlist(workspace, mcp_http, setti
 
 
 def test_read_tool_runs_through_the_engine_over_http(workspace, owner, mcp_http, tmp_path, drive):
-    mcp.mcp_harvest(_http(workspace, mcp_http))
+    harvest_approved(_http(workspace, mcp_http))
     document = tmp_path / "doc.txt"
     document.write_text("hello from the file")
     automation = _automation(workspace, owner, _call("read", "files.read_file", {"path": str(document)}))
@@ -187,7 +190,7 @@ def test_read_tool_runs_through_the_engine_over_http(workspace, owner, mcp_http,
 
 
 def test_tools_run_through_the_engine_over_stdio(workspace, owner, stdio_command, tmp_path, drive):
-    mcp.mcp_harvest(_stdio(workspace, stdio_command, tmp_path))
+    harvest_approved(_stdio(workspace, stdio_command, tmp_path))
     document = tmp_path / "doc.txt"
     document.write_text("stdio content")
     automation = _automation(
@@ -205,7 +208,7 @@ def test_tools_run_through_the_engine_over_stdio(workspace, owner, stdio_command
 
 
 def test_args_are_validated_against_the_tool_schema_before_calling(workspace, owner, mcp_http):
-    mcp.mcp_harvest(_http(workspace, mcp_http))
+    harvest_approved(_http(workspace, mcp_http))
 
     with pytest.raises(engine.DefinitionInvalid) as caught:
         _automation(workspace, owner, _call("read", "files.read_file", {"path": 42}))
@@ -214,13 +217,13 @@ def test_args_are_validated_against_the_tool_schema_before_calling(workspace, ow
 
 def test_a_changed_tool_is_disabled_audited_and_not_callable(workspace, owner, own_mcp_http, tmp_path, drive):
     server = _http(workspace, own_mcp_http)
-    mcp.mcp_harvest(server)
+    harvest_approved(server)
     document = tmp_path / "doc.txt"
     document.write_text("content")
     automation = _automation(workspace, owner, _call("read", "files.read_file", {"path": str(document)}))
 
     own_mcp_http.restart(variant="changed")
-    result = mcp.mcp_harvest(server)
+    result = harvest_approved(server)
 
     assert result.changed == ["read_file"]
     tool = _tool("read_file")
@@ -242,13 +245,15 @@ def test_a_changed_tool_is_disabled_audited_and_not_callable(workspace, owner, o
     mcp.mcp_tool_approve(tool=tool, user=owner)  # an admin reviewed the new description
     run = drive(_start(automation, owner).pk)
     assert run.status == RunStatus.SUCCEEDED, run.error
-    assert AuditEvent.objects.filter(type="mcp.tool.approved").count() == 1
+    assert (
+        AuditEvent.objects.filter(type="mcp.tool.approved", summary__contains="read_file").count() == 2
+    )  # first + re
 
 
 def test_a_tool_changed_since_the_last_harvest_is_refused_at_call_time(
     workspace, owner, own_mcp_http, tmp_path, drive
 ):
-    mcp.mcp_harvest(_http(workspace, own_mcp_http))
+    harvest_approved(_http(workspace, own_mcp_http))
     document = tmp_path / "doc.txt"
     document.write_text("content")
     automation = _automation(workspace, owner, _call("read", "files.read_file", {"path": str(document)}))
@@ -268,7 +273,7 @@ def test_a_step_approved_before_its_tool_was_rug_pulled_fails_as_policy_and_sett
     workspace, owner, own_mcp_http, tmp_path, drive
 ):
     server = _http(workspace, own_mcp_http)
-    mcp.mcp_harvest(server)
+    harvest_approved(server)
     document = tmp_path / "doc.txt"
     document.write_text("content")
     automation = _automation(workspace, owner, _call("read", "files.read_file", {"path": str(document)}),
@@ -279,7 +284,7 @@ def test_a_step_approved_before_its_tool_was_rug_pulled_fails_as_policy_and_sett
     approval_decide(approval_id=approval.pk, user=owner, decision="approve")
 
     own_mcp_http.restart(variant="changed")  # the tool changes while the approved run waits
-    mcp.mcp_harvest(server)
+    harvest_approved(server)
     engine.run_resume(run_id=str(run.pk))
     run = drive(run.pk)
 
@@ -296,10 +301,10 @@ def test_a_step_approved_before_its_tool_was_rug_pulled_fails_as_policy_and_sett
 
 def test_a_tool_no_longer_offered_is_marked_removed_not_deleted(workspace, owner, own_mcp_http):
     server = _http(workspace, own_mcp_http)
-    mcp.mcp_harvest(server)
+    harvest_approved(server)
 
     own_mcp_http.restart(variant="fewer")
-    result = mcp.mcp_harvest(server)
+    result = harvest_approved(server)
 
     assert sorted(result.removed) == ["slow_note", "write_note"]
     assert _tool("write_note").status == McpToolStatus.REMOVED
@@ -309,12 +314,12 @@ def test_a_tool_no_longer_offered_is_marked_removed_not_deleted(workspace, owner
         mcp.mcp_tool_approve(tool=_tool("write_note"), user=owner)
 
     own_mcp_http.restart()
-    assert sorted(mcp.mcp_harvest(server).restored) == ["slow_note", "write_note"]
+    assert sorted(harvest_approved(server).restored) == ["slow_note", "write_note"]
     assert _tool("write_note").status == McpToolStatus.ACTIVE
 
 
 def test_server_down_is_temporarily_unavailable_and_retried(workspace, owner, own_mcp_http, tmp_path, drive):
-    mcp.mcp_harvest(_http(workspace, own_mcp_http))
+    harvest_approved(_http(workspace, own_mcp_http))
     automation = _automation(workspace, owner, _call("note", "files.write_note", {"text": "x"}),
                              max_retries=2, retry_backoff="none")  # fmt: skip
     own_mcp_http.stop()
@@ -333,7 +338,7 @@ def test_server_down_is_temporarily_unavailable_and_retried(workspace, owner, ow
 
 
 def test_a_write_that_times_out_after_it_was_sent_is_outcome_unknown(workspace, owner, own_mcp_http, drive):
-    mcp.mcp_harvest(_http(workspace, own_mcp_http))
+    harvest_approved(_http(workspace, own_mcp_http))
     step = _call("note", "files.slow_note", {"text": "late", "seconds": 3}, timeout_seconds=1, max_retries=3)
     automation = _automation(workspace, owner, step)
 
@@ -347,7 +352,7 @@ def test_a_write_that_times_out_after_it_was_sent_is_outcome_unknown(workspace, 
 
 
 def test_a_tool_error_is_reported_safely(workspace, owner, mcp_http, drive):
-    mcp.mcp_harvest(_http(workspace, mcp_http))
+    harvest_approved(_http(workspace, mcp_http))
     automation = _automation(workspace, owner, _call("boom", "files.fail", {"reason": "disk full"}))
 
     run = drive(_start(automation, owner).pk)
@@ -364,7 +369,7 @@ def test_a_tool_error_is_reported_safely(workspace, owner, mcp_http, drive):
 
 def test_disabled_server_tools_are_not_found(workspace, owner, mcp_http):
     server = _http(workspace, mcp_http)
-    mcp.mcp_harvest(server)
+    harvest_approved(server)
     mcp.mcp_server_update(server=server, enabled=False)
 
     assert registry.get_capability("files.read_file", workspace.id) is None
@@ -407,8 +412,8 @@ def test_credential_values_echoed_back_are_redacted_everywhere(
     credential = credentials.credential_create(workspace=workspace, name="mcp-token", kind="bearer",
                                                secret={"token": SECRET}, user=owner,
                                                allowed_destinations=["127.0.0.1"])  # fmt: skip
-    mcp.mcp_harvest(_http(workspace, mcp_http, credential=credential))
-    mcp.mcp_harvest(_stdio(workspace, stdio_command, tmp_path, credential=credential,
+    harvest_approved(_http(workspace, mcp_http, credential=credential))
+    harvest_approved(_stdio(workspace, stdio_command, tmp_path, credential=credential,
                            env={"MCP_TEST_TOKEN": "$credential"}))  # fmt: skip
     automation = _automation(
         workspace, owner,
@@ -448,7 +453,7 @@ def test_a_workspace_cannot_use_another_workspaces_credential(workspace, other_w
     with pytest.raises(mcp.McpServiceError):
         _http(other_workspace, mcp_http, credential=credential)
 
-    mcp.mcp_harvest(_http(other_workspace, mcp_http))
+    harvest_approved(_http(other_workspace, mcp_http))
     step = {"step_id": "api", "action": "http_request",
             "config": {"url": mcp_http.url, "credential": "{{ 'mcp-token' }}"}}  # fmt: skip
     automation = _automation(other_workspace, outsider, step)
@@ -472,7 +477,7 @@ def test_stdio_credentials_must_be_passed_through_declared_env(workspace, stdio_
 
 
 def test_write_tool_is_gated_then_approved_and_runs_exactly_once(workspace, owner, mcp_http, drive):
-    mcp.mcp_harvest(_http(workspace, mcp_http))
+    harvest_approved(_http(workspace, mcp_http))
     automation = _automation(workspace, owner, _call("note", "files.write_note", {"text": "approved write"}),
                              autonomy="A3")  # fmt: skip
 
@@ -494,7 +499,7 @@ def test_write_tool_is_gated_then_approved_and_runs_exactly_once(workspace, owne
 
 
 def test_a_risk_override_changes_the_gate(workspace, owner, mcp_http, drive):
-    mcp.mcp_harvest(_http(workspace, mcp_http))
+    harvest_approved(_http(workspace, mcp_http))
     mcp.mcp_tool_set_risk(tool=_tool("write_note"), risk="low", user=owner)
     automation = _automation(workspace, owner, _call("note", "files.write_note", {"text": "trusted"}),
                              autonomy="A3")  # fmt: skip
@@ -523,7 +528,8 @@ def test_api_register_harvest_list_approve_and_set_risk(api, workspace, own_mcp_
     read = next(t for t in tools["results"] if t["name"] == "read_file")
     assert read["capability_id"] == "files.read_file"
     assert read["risk"] == "high"
-    assert read["status"] == "active"
+    assert read["status"] == "pending"  # new: waits for an admin
+    assert api.post(f"/api/v1/mcp-tools/{read['id']}/approve").json()["status"] == "active"
 
     patched = api.patch(f"/api/v1/mcp-tools/{read['id']}", {"risk_override": "low"}, format="json")
     assert patched.status_code == 200
@@ -552,7 +558,7 @@ def test_api_harvest_failure_is_a_clean_error(api, workspace, own_mcp_http):
 
 def test_api_roles_and_workspace_isolation(workspace, owner, viewer, outsider, mcp_http):
     server = _http(workspace, mcp_http)
-    mcp.mcp_harvest(server)
+    harvest_approved(server)
     tool = _tool("read_file")
 
     as_viewer = client_for(viewer)
@@ -606,6 +612,14 @@ def test_admin_harvests_reapproves_and_sets_risk(admin_client, workspace, own_mc
     )
     assert harvested.status_code == 200
     assert McpTool.objects.filter(server=server).count() == len(TOOLS)
+    review = admin_client.get("/admin/capabilities/mcptool/?review=yes").content.decode()
+    assert "files.write_note" in review  # new tools wait for review
+    assert "PENDING" in review
+    every = list(McpTool.objects.filter(server=server).values_list("pk", flat=True))
+    admin_client.post("/admin/capabilities/mcptool/", {"action": "reapprove", "_selected_action": every})
+    assert set(McpTool.objects.filter(server=server).values_list("status", flat=True)) == {
+        McpToolStatus.ACTIVE
+    }
 
     own_mcp_http.restart(variant="changed")
     admin_client.post(changelist, {"action": "harvest_now", "_selected_action": [server.pk]})
@@ -696,3 +710,53 @@ def test_the_sdk_runs_even_inside_a_running_event_loop():
         return mcp_sdk.run_async(inner)
 
     assert asyncio.run(outer()) == 7
+
+
+def test_a_new_tool_on_a_known_server_waits_for_an_admin(workspace, owner, own_mcp_http, drive, api):
+    """A tool that appears on a server already trusted is pending: not callable, not offered to agents,
+    drafting or glob allowlists, until an admin approves it."""
+    from automations.authoring.context import registry_digest
+    from capabilities import tools as agent_tools
+
+    own_mcp_http.restart(variant="fewer")  # no write_note yet
+    server = _http(workspace, own_mcp_http)
+    harvest_approved(server)
+    own_mcp_http.restart()
+
+    result = mcp.mcp_harvest(server)
+
+    assert sorted(result.new) == ["slow_note", "write_note"]
+    tool = _tool("write_note")
+    assert tool.status == McpToolStatus.PENDING
+    assert AuditEvent.objects.filter(
+        type="mcp.tool.added", summary__contains="write_note discovered: pending"
+    ).exists()
+    assert registry.get_capability("files.write_note", workspace.id) is None
+    assert "files.write_note" not in {c["id"] for c in registry_digest(workspace.id)["capabilities"]}
+    assert "files.write_note" not in {
+        t.id for t in agent_tools.tools_matching(["files.*", "*"], workspace.id)
+    }
+    assert "files.read_file" in {t.id for t in agent_tools.tools_matching(["files.*"], workspace.id)}
+    listed = api.get(f"/api/v1/mcp-servers/{server.pk}/tools").json()["results"]
+    assert {t["name"]: t["status"] for t in listed}["write_note"] == "pending"
+    with pytest.raises(engine.DefinitionInvalid):
+        _automation(workspace, owner, _call("note", "files.write_note", {"text": "x"}))
+
+    approved = api.post(f"/api/v1/mcp-tools/{tool.pk}/approve")
+
+    assert approved.status_code == 200, approved.content
+    assert approved.json()["status"] == "active"
+    automation = _automation(workspace, owner, _call("note", "files.write_note", {"text": "now trusted"}))
+    assert drive(_start(automation, owner).pk).status == RunStatus.SUCCEEDED
+    assert own_mcp_http.notes_written() == ["now trusted"]
+
+
+def test_a_pending_tool_that_changes_stays_pending(workspace, own_mcp_http):
+    server = _http(workspace, own_mcp_http)
+    mcp.mcp_harvest(server)
+    own_mcp_http.restart(variant="changed")
+
+    assert mcp.mcp_harvest(server).changed == ["read_file"]
+
+    assert _tool("read_file").status == McpToolStatus.PENDING
+    assert registry.get_capability("files.read_file", workspace.id) is None

@@ -465,6 +465,7 @@ def test_backend_comes_from_settings_and_subprocess_only_by_name(settings):
     assert isinstance(backend_from_settings(), BubblewrapBackend)
 
     settings.AUTOPLANE_SANDBOX_BACKEND = "subprocess"
+    settings.AUTOPLANE_SANDBOX_INSECURE = True  # without it the backend refuses (test_sandbox_worker_secrets)
     assert isinstance(backend_from_settings(), SubprocessBackend)
 
 

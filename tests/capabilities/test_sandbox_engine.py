@@ -289,6 +289,7 @@ def test_code_runs_in_bubblewrap_unless_the_subprocess_backend_is_configured(wor
 
     isolated, _ = run_to_rest(workspace, _where_am_i())
     settings.AUTOPLANE_SANDBOX_BACKEND = "subprocess"
+    settings.AUTOPLANE_SANDBOX_INSECURE = True
     unisolated, _ = run_to_rest(workspace, _where_am_i())
 
     assert isolated.output == {"host": "sandbox", "pid": 2}  # its own uts and pid namespaces

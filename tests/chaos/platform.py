@@ -270,6 +270,7 @@ class Platform:
             AUTOPLANE_EGRESS_ALLOWLIST="127.0.0.1",
             AUTOPLANE_SIGNING_KEY_AUTOGENERATE="true",
             AUTOPLANE_SANDBOX_BACKEND="bubblewrap" if shutil.which("bwrap") else "subprocess",
+            AUTOPLANE_SANDBOX_INSECURE="false" if shutil.which("bwrap") else "true",
             PYTHONUNBUFFERED="1",
             **self.INTERVALS,
         )

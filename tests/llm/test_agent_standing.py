@@ -1,12 +1,14 @@
 """A standing approval's ``arg_constraint`` reads an agent tool call's own arguments (issue 29): a
-constraint written for the step's flat config (``{"properties": {"url": ...}}``) must not match every
-tool call just because the call is presented as ``{"tool", "args"}``."""
+constraint written for the step's flat config (``{"properties": {"to": ...}}``) must not match every
+tool call just because the call is presented as ``{"tool", "args"}``. (send_email, not http_request: an
+agent-chosen URL to this test's loopback server always asks a human, standing approval or not.)"""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
 import pytest
+from django.core import mail
 from django.utils import timezone
 
 from approvals.models import Approval, StandingApproval
@@ -22,34 +24,37 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def granted(workspace, owner):
-    automation = automation_with(workspace, owner, agent(tools=["http_request"]), autonomy="A2")
+    automation = automation_with(workspace, owner, agent(tools=["send_email"]), autonomy="A2")
     approver = member("approver", workspace, Role.APPROVER)
     standing_approval_create(
-        workspace=workspace, automation_id=automation.pk, capability_id="http_request", max_uses=5,
+        workspace=workspace, automation_id=automation.pk, capability_id="send_email", max_uses=5,
         expires_at=timezone.now() + timedelta(hours=1), user=approver,
-        arg_constraint={"type": "object", "properties": {"url": {"pattern": "/allowed$"}}},
+        arg_constraint={"type": "object", "properties": {"to": {"items": {"pattern": "@example\\.com$"}}}},
     )  # fmt: skip
     return automation
 
 
-def test_a_tool_call_outside_the_constraint_asks(llm, granted, operator, drive, http_server):
-    llm.script(reply_tool_call("http_request", {"method": "POST", "url": http_server.url + "/elsewhere"}))
+def _mail(to: str) -> dict:
+    return {"to": [to], "subject": "hello", "body": "hi"}
+
+
+def test_a_tool_call_outside_the_constraint_asks(llm, granted, operator, drive):
+    llm.script(reply_tool_call("send_email", _mail("ada@elsewhere.test")))
 
     run = start(granted, operator, drive)
 
     assert run.status == "awaiting_approval"
-    assert http_server.requests == []
+    assert mail.outbox == []
     assert Approval.objects.get(run_id=run.pk).step_key == "plan:0:agent#t0"
     assert StandingApproval.objects.get().uses == 0
 
 
-def test_a_tool_call_within_the_constraint_is_covered(llm, granted, operator, drive, http_server):
-    llm.script(reply_tool_call("http_request", {"method": "POST", "url": http_server.url + "/allowed"}),
-               reply_text("posted"))  # fmt: skip
+def test_a_tool_call_within_the_constraint_is_covered(llm, granted, operator, drive):
+    llm.script(reply_tool_call("send_email", _mail("ada@example.com")), reply_text("sent"))
 
     run = start(granted, operator, drive)
 
     assert run.status == "succeeded", run.error
-    assert len(http_server.requests) == 1
+    assert [message.to for message in mail.outbox] == [["ada@example.com"]]
     assert not Approval.objects.exists()
     assert StandingApproval.objects.get().uses == 1

@@ -131,7 +131,16 @@ def test_readme_configuration_table_lists_every_variable_settings_reads():
     assert {name for name in read if f"`{name}`" not in readme} == set()
 
 
-SOURCE_APPS = ["audit", "workspaces", "capabilities", "approvals", "automations", "triggers", "ops"]
+SOURCE_APPS = [
+    "audit",
+    "workspaces",
+    "capabilities",
+    "approvals",
+    "notifications",
+    "automations",
+    "triggers",
+    "ops",
+]
 SOURCE_APPS += ["mcpserver", "config", "bench"]
 
 
@@ -164,3 +173,25 @@ def test_queue_arguments_follow_the_settings_when_celery_is_configured(settings)
     }
     assert [q.queue_arguments for q in redis] == [None] * len(QUEUES)
     assert [q.name for q in celery.app.conf.task_queues] == list(QUEUES)
+
+
+def test_workers_get_what_bubblewrap_needs_and_nothing_steers_to_subprocess():
+    workers = [name for name, s in SERVICES.items() if (s.get("command") or [])[3:4] == ["worker"]]
+
+    assert workers
+    for name in workers:
+        options = set(SERVICES[name].get("security_opt", []))
+        assert {"seccomp=unconfined", "apparmor=unconfined", "systempaths=unconfined"} <= options, name
+        assert "privileged" not in SERVICES[name], name
+        assert not SERVICES[name].get("cap_add"), name
+    for name in set(SERVICES) - set(workers):
+        assert "security_opt" not in SERVICES[name], name  # only the workers run code steps
+    compose_text = (REPO / "docker-compose.yml").read_text()
+    assert "AUTOPLANE_SANDBOX_BACKEND=subprocess in .env" not in compose_text
+    example = (REPO / ".env.example").read_text()
+    assert re.search(r"^AUTOPLANE_SANDBOX_BACKEND=bubblewrap$", example, flags=re.MULTILINE)
+    assert re.search(r"^AUTOPLANE_SANDBOX_INSECURE=false$", example, flags=re.MULTILINE)
+    operations = (REPO / "docs/operations.md").read_text()
+    assert "set `AUTOPLANE_SANDBOX_BACKEND=subprocess`" not in operations
+    assert "systempaths=unconfined" in operations
+    assert "AUTOPLANE_SANDBOX_INSECURE=true" in operations

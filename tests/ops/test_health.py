@@ -71,6 +71,7 @@ def test_healthz_reports_the_sandbox_backend(client, no_heartbeats, settings):
     assert "sandbox" not in body["failing"], "reported, not a platform failure: code steps fail closed"
 
     settings.AUTOPLANE_SANDBOX_BACKEND = "subprocess"
+    settings.AUTOPLANE_SANDBOX_INSECURE = True
     assert client.get("/healthz").json()["checks"]["sandbox"] == {
         "backend": "subprocess", "ok": True, "isolated": False,
     }  # fmt: skip

@@ -62,6 +62,9 @@ def _up_database() -> str:
     return f"{connection.settings_dict['NAME']}_up"
 
 
+METRICS_TOKEN = "up-test-metrics-token-0123456789"
+
+
 @pytest.fixture
 def up_env(tmp_path):
     """Environment for a ``manage.py up`` child on the lane's database and broker, all its own."""
@@ -69,7 +72,7 @@ def up_env(tmp_path):
     data_dir = tmp_path / "data"
     env.update(
         DJANGO_SETTINGS_MODULE="config.settings", AUTOPLANE_DATA_DIR=str(data_dir), PYTHONUNBUFFERED="1",
-        **{MARKER: uuid.uuid4().hex},
+        AUTOPLANE_METRICS_TOKEN=METRICS_TOKEN, **{MARKER: uuid.uuid4().hex},
     )  # fmt: skip
     broker_url = f"sqla+sqlite:///{data_dir / 'broker.sqlite3'}"
     backend_url = f"db+sqlite:///{data_dir / 'results.sqlite3'}"
@@ -105,7 +108,10 @@ def up_env(tmp_path):
 
 def _healthz(port: int) -> tuple[int, dict | None]:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as response:
+        # the whole report, as an operator's monitoring reads it (an anonymous caller gets the status only)
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/healthz",
+                                         headers={"Authorization": f"Bearer {METRICS_TOKEN}"})  # fmt: skip
+        with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310
             return response.status, json.load(response)
     except urllib.error.HTTPError as error:
         return error.code, json.load(error)

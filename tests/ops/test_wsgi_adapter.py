@@ -8,6 +8,7 @@ own WSGI handling, streaming ones (static files) chunk by chunk as before.
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import django.contrib.admin
@@ -17,15 +18,19 @@ from ops.wsgi import application as wsgi_application
 from ops.wsgi_adapter import WholeResponseWSGIMiddleware
 
 
+def _scope(method: str, path: str, headers: list | None = None) -> dict:
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+            "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+            "headers": [(b"host", b"localhost"), *(headers or [])], "client": ("127.0.0.1", 5000),
+            "server": ("127.0.0.1", 8000)}  # fmt: skip
+
+
 def _serve(
     method: str, path: str, body: bytes | list[bytes] = b"", headers: list | None = None, *,
-    wsgi_app=wsgi_application, workers: int = 2,
+    wsgi_app=wsgi_application, workers: int = 2, **options,
 ) -> list[dict]:  # fmt: skip
-    app = WholeResponseWSGIMiddleware(wsgi_app, workers=workers)
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
-             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-             "headers": [(b"host", b"localhost"), *(headers or [])], "client": ("127.0.0.1", 5000),
-             "server": ("127.0.0.1", 8000)}  # fmt: skip
+    app = WholeResponseWSGIMiddleware(wsgi_app, workers=workers, **options)
+    scope = _scope(method, path, headers)
     sent: list[dict] = []
     chunks = list(body) if isinstance(body, list) else [body]
 
@@ -116,11 +121,10 @@ def _serve_echo(chunks: list[bytes], headers: list) -> list[dict]:
     return _serve("POST", "/", chunks, headers, wsgi_app=app, workers=1)
 
 
-def test_a_body_larger_than_the_prefetch_is_read_whole_by_the_thread():
-    from ops.wsgi_adapter import PREFETCH_BYTES
-
+def test_a_large_body_is_read_whole_on_the_event_loop_before_the_thread_runs(monkeypatch):
+    _no_hand_off(monkeypatch)
     piece = b"y" * 100_000
-    chunks = [piece] * (PREFETCH_BYTES // len(piece) + 3)
+    chunks = [piece] * 12  # 1.2 MB: past the old 256 KB prefetch, below the 2.5 MB cap
     total = sum(map(len, chunks))
 
     sent = _serve_echo(chunks, [(b"content-length", str(total).encode())])
@@ -128,7 +132,90 @@ def test_a_body_larger_than_the_prefetch_is_read_whole_by_the_thread():
     assert sent[-1]["body"] == str(total).encode()
 
 
-def test_a_chunked_body_and_one_expecting_100_continue_are_read_whole():
+def test_a_chunked_body_and_one_expecting_100_continue_are_read_whole_on_the_loop(monkeypatch):
+    # gunicorn sends the 100 Continue on the first receive(): here, the event loop's
+    _no_hand_off(monkeypatch)
     assert _serve_echo([b"ab", b"cd", b"e"], [(b"transfer-encoding", b"chunked")])[-1]["body"] == b"5"
     expecting = [(b"content-length", b"3"), (b"expect", b"100-continue")]
-    assert _serve_echo([b"abc"], expecting)[-1]["body"] == b"3"
+    assert _serve_echo([b"a", b"b", b"c"], expecting)[-1]["body"] == b"3"
+
+
+def _refused(sent: list[dict]) -> tuple[int, dict, dict]:
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    return sent[0]["status"], dict(sent[0]["headers"]), json.loads(sent[1]["body"])
+
+
+def _never_called(*args, **kwargs):
+    raise AssertionError("the WSGI app ran")
+
+
+def test_a_declared_length_past_the_cap_is_413_before_any_byte_is_read_or_a_100_continue_sent():
+    received: list[int] = []
+    app = WholeResponseWSGIMiddleware(_never_called, workers=1, body_limit=1000)
+    scope = _scope(
+        "POST", "/api/v1/automations", [(b"content-length", b"1001"), (b"expect", b"100-continue")]
+    )
+    sent: list[dict] = []
+
+    async def receive():
+        received.append(1)  # gunicorn would send the 100 Continue here
+        return {"type": "http.request", "body": b"x" * 1001, "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    app.executor.shutdown()
+
+    status, headers, body = _refused(sent)
+    assert (status, body["error"]["code"], received) == (413, "PAYLOAD_TOO_LARGE", [])
+    assert headers[b"connection"] == b"close"
+
+
+def test_a_chunked_body_past_the_cap_is_413_as_soon_as_it_passes():
+    pieces = [b"x" * 600, b"x" * 600, b"x" * 600]
+    sent = _serve("POST", "/", pieces, [(b"transfer-encoding", b"chunked")], wsgi_app=_never_called, workers=1,
+                  body_limit=1000)  # fmt: skip
+    status, _, body = _refused(sent)
+    assert (status, body["error"]["code"]) == (413, "PAYLOAD_TOO_LARGE")
+
+
+def test_a_body_that_does_not_arrive_within_the_deadline_is_408_and_no_thread_ran():
+    app = WholeResponseWSGIMiddleware(_never_called, workers=1, body_timeout=0.2)
+    scope = _scope("POST", "/api/v1/automations", [(b"content-length", b"100")])
+    sent: list[dict] = []
+    trickle = [b'{"a": "', b"b", b"c"]
+
+    async def receive():  # a few bytes, then the client stalls for good
+        if trickle:
+            return {"type": "http.request", "body": trickle.pop(0), "more_body": True}
+        await asyncio.Event().wait()
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    app.executor.shutdown()
+
+    status, headers, body = _refused(sent)
+    assert (status, body["error"]["code"]) == (408, "REQUEST_TIMEOUT")
+    assert headers[b"connection"] == b"close"
+
+
+def test_a_client_gone_mid_body_runs_no_thread_and_gets_no_answer():
+    pieces = [b"ab"]
+
+    app = WholeResponseWSGIMiddleware(_never_called, workers=1)
+    sent: list[dict] = []
+
+    async def receive():
+        if pieces:
+            return {"type": "http.request", "body": pieces.pop(), "more_body": True}
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(app(_scope("POST", "/", [(b"content-length", b"10")]), receive, send))
+    app.executor.shutdown()
+    assert sent == []

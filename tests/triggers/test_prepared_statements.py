@@ -175,3 +175,33 @@ def test_a_statement_postgresql_cannot_prepare_as_declared_goes_as_text(workspac
 
     assert shape.name in one_round_trip._refused
     assert shape.name not in ours()
+
+
+def test_with_prepared_statements_off_no_prepare_or_execute_is_ever_sent(hook, no_enqueue, settings):
+    """``AUTOPLANE_PREPARED_STATEMENTS=off`` (a transaction pooler): the fire's trigger lookup and
+    writes, the worker's claim and final query all go as their plain text; the session holds none."""
+    settings.AUTOPLANE_PREPARED_STATEMENTS = False
+    connection.close()  # a fresh session, which holds nothing
+    sent: list[str] = []
+
+    def record(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    automation, _, token = hook(rate_limit_per_minute=1000)
+    client = APIClient()
+    with connection.execute_wrapper(record):
+        responses = [fire(client, automation.pk, {"n": n}, token=token) for n in range(3)]
+        for response in responses:
+            assert response.status_code == 202, response.content
+            assert executor.execute_run(response.json()["run_id"]) == RunStatus.SUCCEEDED
+
+    assert sent
+    words = {word for sql in sent for word in sql.upper().replace(";", " ").split()}
+    assert not words & {"PREPARE", "EXECUTE", "DEALLOCATE"}, [s for s in sent if "PREPARE" in s.upper()]
+    assert any("UPDATE automations_run" in sql and "RETURNING" in sql for sql in sent)  # the claim, as text
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements")
+        assert cursor.fetchone() == (0,)
+    for response in responses:
+        ran_once(Run.objects.get(pk=response.json()["run_id"]))

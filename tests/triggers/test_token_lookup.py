@@ -9,6 +9,7 @@ import pytest
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
 
+from config import one_round_trip
 from triggers import services, webhooks
 from triggers.models import Trigger
 
@@ -76,19 +77,19 @@ def test_each_thread_compiles_its_own_lookup_on_its_own_connection(hook):
 def test_on_postgresql_the_lookup_is_prepared_once_per_session_and_read_on_every_fire(hook, owner):
     automation, trigger, token = hook()
     digest = services.token_hash(token)
-    with connection.cursor() as cursor:
-        cursor.execute("DEALLOCATE ALL")  # a session that has not prepared it yet
-    webhooks._prepared_in.clear()
+    connection.close()  # a session that has not prepared it yet
+    connection.ensure_connection()
+    name = one_round_trip._shape(webhooks._token_lookup(connections["default"]).sql, [digest]).name
 
     with CaptureQueriesContext(connection) as queries:
         for _ in range(3):
             assert webhooks.trigger_by_token_hash(digest).pk == trigger.pk
     sent = [q["sql"] for q in queries.captured_queries]
-    assert sent[0].startswith(f"PREPARE {webhooks.PREPARED_LOOKUP_NAME} AS SELECT ")  # and EXECUTE, one trip
+    assert sent[0].startswith(f"PREPARE {name}(unknown) AS SELECT ")  # and EXECUTE, one trip
     assert "ORDER BY" not in sent[0]  # the hash is unique
-    assert sent[1:] == [f"EXECUTE {webhooks.PREPARED_LOOKUP_NAME}('{digest}')"] * 2
+    assert sent[1:] == [f"EXECUTE {name}('{digest}')"] * 2
     with connection.cursor() as cursor:  # the plan reads the hash's index
-        cursor.execute(f"EXPLAIN EXECUTE {webhooks.PREPARED_LOOKUP_NAME}(%s)", [digest])
+        cursor.execute(f"EXPLAIN EXECUTE {name}(%s)", [digest])
         plan = " ".join(row[0] for row in cursor.fetchall())
     assert "Index Scan" in plan or "Index Only Scan" in plan, plan
 
@@ -100,7 +101,7 @@ def test_on_postgresql_the_lookup_is_prepared_once_per_session_and_read_on_every
 
     # a session that lost it (DISCARD ALL by a pooler, say) prepares it again
     with connection.cursor() as cursor:
-        cursor.execute(f"DEALLOCATE {webhooks.PREPARED_LOOKUP_NAME}")
+        cursor.execute(f"DEALLOCATE {name}")
     assert webhooks.trigger_by_token_hash(digest) is None
     assert webhooks.trigger_by_token_hash(digest) is None
 
@@ -110,7 +111,9 @@ def test_a_session_that_already_has_the_lookup_prepared_executes_it(hook):
     automation, trigger, token = hook()
     digest = services.token_hash(token)
     assert webhooks.trigger_by_token_hash(digest).pk == trigger.pk
-    webhooks._prepared_in.clear()  # as if a pooler handed over a server session that prepared it
+    one_round_trip._sessions[connection.connection] = (
+        set()
+    )  # as if a pooler handed over a session that has it
 
     assert webhooks.trigger_by_token_hash(digest).pk == trigger.pk
     assert webhooks.trigger_by_token_hash(digest).pk == trigger.pk

@@ -50,11 +50,12 @@ def test_an_address_past_the_limit_gets_429_and_the_ledger_stays_bounded(db, hoo
     # The ledger holds the first few, one by one; the rest are a count.
     assert len(_rejections()) == 5
     assert WebhookRejectionWindow.objects.get(subject=f"ledger:{automation.pk}").count == 201
-    # The legitimate sender, from its own address, still fires; the blocked address does not,
-    # even with the right token (it is refused before its token is looked at).
+    # The legitimate sender still fires, from its own address and from the blocked one (behind a
+    # proxy or a NAT one address is many senders): a valid token is never refused by a block.
     assert fire(client, automation.pk, token=token, REMOTE_ADDR="198.51.100.1").status_code == 202
-    assert fire(client, automation.pk, token=token, REMOTE_ADDR="203.0.113.7").status_code == 429
-    assert Run.objects.count() == 1
+    assert fire(client, automation.pk, token=token, REMOTE_ADDR="203.0.113.7").status_code == 202
+    assert Run.objects.count() == 2
+    assert _bad(client, automation, "203.0.113.7").status_code == 429  # its failures are still refused
     # The window rolls: the address may try again.
     limits["now"] += 60
     assert _bad(client, automation, "203.0.113.7").status_code == 401
@@ -116,3 +117,45 @@ def test_the_beat_task_summarizes_a_window_nobody_rejected_after(db, hook, limit
     limits["now"] += 60 * (rejections.KEEP_WINDOWS + 1)
     rejections.windows_summarize()
     assert not WebhookRejectionWindow.objects.exists()
+
+
+def test_behind_one_proxy_hop_the_client_is_the_right_most_forwarded_address(db, hook, limits, api, settings):
+    # given the recommended TLS proxy in front: every request's peer is the proxy
+    settings.AUTOPLANE_TRUSTED_PROXY_HOPS = 1
+    automation, _trigger, token = hook()
+    client = api.__class__()
+    proxy = "10.0.0.2"
+
+    # when one client fails past the limit, each time claiming another address in X-Forwarded-For
+    statuses = [fire(client, automation.pk, token=f"apt_wrong-{n}", REMOTE_ADDR=proxy,
+                     HTTP_X_FORWARDED_FOR=f"192.0.2.{n % 250}, 203.0.113.7").status_code
+                for n in range(30)]  # fmt: skip
+
+    # then the spoofed left-most entries are ignored: its own address is blocked
+    assert statuses[:20] == [401] * 20
+    assert set(statuses[20:]) == {429}
+    assert _bad_from(client, automation, proxy, "1.2.3.4, 203.0.113.7").status_code == 429
+    # and every other sender behind the same proxy is not
+    assert _bad_from(client, automation, proxy, "198.51.100.4").status_code == 401
+    assert fire(client, automation.pk, token=token, REMOTE_ADDR=proxy,
+                HTTP_X_FORWARDED_FOR="198.51.100.4").status_code == 202  # fmt: skip
+    # and the blocked client's valid token goes through too
+    assert fire(client, automation.pk, token=token, REMOTE_ADDR=proxy,
+                HTTP_X_FORWARDED_FOR="203.0.113.7").status_code == 202  # fmt: skip
+    assert WebhookRejectionWindow.objects.get(subject="addr:203.0.113.7").count == 21
+    assert not WebhookRejectionWindow.objects.filter(subject=f"addr:{proxy}").exists()
+
+
+def test_without_trusted_hops_a_forwarded_header_is_ignored(db, hook, limits, api):
+    automation, _trigger, _token = hook()
+    client = api.__class__()
+    for n in range(25):
+        _bad_from(client, automation, "203.0.113.8", f"192.0.2.{n}", n)
+    assert _bad_from(client, automation, "203.0.113.8", "192.0.2.200").status_code == 429
+    assert not WebhookRejectionWindow.objects.filter(subject__startswith="addr:192.0.2.").exists()
+
+
+def _bad_from(client, automation, peer: str, forwarded: str, n: int = 0):
+    return fire(
+        client, automation.pk, token=f"apt_wrong-{n}", REMOTE_ADDR=peer, HTTP_X_FORWARDED_FOR=forwarded
+    )

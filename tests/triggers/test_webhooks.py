@@ -637,7 +637,7 @@ def _database_down(execute, sql, params, many, context):
     raise OperationalError("server closed the connection unexpectedly")
 
 
-# the trigger lookup is a SELECT, PREPAREd then EXECUTEd on PostgreSQL (webhooks._execute_prepared)
+# the trigger lookup is a SELECT, PREPAREd then EXECUTEd on PostgreSQL (config.one_round_trip.select)
 @pytest.mark.parametrize("fails_at", ["INSERT", ("SELECT", "PREPARE", "EXECUTE")], ids=["INSERT", "SELECT"])
 def test_a_fire_while_the_database_is_unavailable_is_503_with_retry_after_and_creates_nothing(
     db, hook, fails_at

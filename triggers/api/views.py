@@ -21,6 +21,7 @@ from automations.api.serializers import RunAccepted, dispatch_body
 from automations.dispatcher import DispatchResult
 from automations.selectors import automations_visible_to
 from config.api_errors import exception_handler
+from config.client_address import client_address
 from config.openapi import errors
 from workspaces.api import require
 from workspaces.models import Permission
@@ -132,7 +133,7 @@ class AutomationFire(APIView):
     def post(self, request, automation_id: str):
         fire = webhooks.FireRequest(
             automation_id=automation_id, headers=request.headers, content_length=request.META.get("CONTENT_LENGTH"),
-            read_body=request._request.read, remote_addr=request.META.get("REMOTE_ADDR", ""),
+            read_body=request._request.read, remote_addr=client_address(request.META),
         )  # fmt: skip
         result = webhooks.webhook_fire(fire)
         return _dispatch_response(result)
@@ -180,7 +181,7 @@ def automation_fire(request: HttpRequest, automation_id: str) -> HttpResponse:
     meta = request.META
     fire = webhooks.FireRequest(
         automation_id=automation_id, headers=_MetaHeaders(meta), content_length=meta.get("CONTENT_LENGTH"),
-        read_body=request.read, remote_addr=meta.get("REMOTE_ADDR", ""),
+        read_body=request.read, remote_addr=client_address(meta),
     )  # fmt: skip
     try:
         body, status_code = dispatch_body(webhooks.webhook_fire(fire))

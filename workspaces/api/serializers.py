@@ -17,6 +17,8 @@ class WorkspaceOut(serializers.ModelSerializer):
             "default_autonomy",
             "max_autonomy",
             "min_approvals",
+            "policies",
+            "quiet_hours",
             "created_at",
         ]
 
@@ -57,6 +59,14 @@ class WorkspacePatch(serializers.Serializer):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise serializers.ValidationError({"min_approvals": ["a whole number from 1 to 5"]})
         return super().to_internal_value(data)
+
+    policies = serializers.JSONField(
+        required=False, help_text="ordered argument rules {when, then: auto|ask|block, reason}; first match wins",
+    )  # fmt: skip
+    quiet_hours = serializers.JSONField(
+        required=False, allow_null=True,
+        help_text='{"start": "HH:MM", "end": "HH:MM", "timezone": "Area/City"}, or null for none',
+    )  # fmt: skip
 
 
 class MemberOut(serializers.ModelSerializer):

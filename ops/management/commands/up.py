@@ -366,6 +366,9 @@ class Command(BaseCommand):
                 f"bubblewrap ({settings.AUTOPLANE_BWRAP_PATH}) not found: code steps (run_python, run_shell) "
                 "will fail closed; install it (Debian/Ubuntu: apt-get install bubblewrap)"
             )
+        if settings.AUTOPLANE_SANDBOX_BACKEND == "subprocess":
+            self.say("AUTOPLANE_SANDBOX_INSECURE=true: code steps run unisolated, as this user, and can read "
+                     "its environment, data directory and keys; development only")  # fmt: skip
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             self.say("running as root: fine on a dev box; in production run workers as an unprivileged user")
 
