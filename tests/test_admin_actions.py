@@ -55,6 +55,9 @@ ACTIONS = {
     # Django's own delete of rows that belong to no workspace (superusers, or staff given the permission).
     "auth.user": {"delete_selected": "django"}, "auth.group": {"delete_selected": "django"},
     "triggers.webhookratewindow": {"delete_selected": "django"}, "ops.heartbeat": {"delete_selected": "django"},
+    # django-axes' login lockouts (tests/ops/test_admin_login_throttle.py): deleting an attempt unlocks it.
+    "axes.accessattempt": {"cleanup_expired_attempts": "django-axes", "delete_selected": "django-axes"},
+    "axes.accessfailurelog": {"delete_selected": "django-axes"}, "axes.accesslog": {"delete_selected": "django-axes"},
 }  # fmt: skip
 
 

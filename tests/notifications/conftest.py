@@ -32,7 +32,8 @@ def signing_key_file(signing_key_file):
 
 @pytest.fixture(autouse=True)
 def _settings(settings) -> None:
-    settings.AUTOPLANE_EGRESS_ALLOWLIST = []  # only the workspace's allowlist (127.0.0.1) applies
+    # Loopback (the test receivers) is on the platform's deny-list: only the deployment's allowlist opens it.
+    settings.AUTOPLANE_EGRESS_ALLOWLIST = ["127.0.0.1"]
     settings.AUTOPLANE_PUBLIC_URL = "https://autoplane.example"
     settings.AUTOPLANE_NOTIFY_TIMEOUT_SECONDS = 0.5
 
