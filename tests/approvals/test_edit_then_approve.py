@@ -203,3 +203,35 @@ def test_who_may_edit_and_when(drive, people, parked):
     assert late.status_code == 409  # after the decision
     assert Approval.objects.get(pk=parked.approval.pk).edited_config is None
     assert not AuditEvent.objects.filter(type="approval.edited").exists()
+
+
+def test_an_approver_edits_then_approves_in_the_admin(drive, people, target, parked):
+    import json
+
+    from django.contrib.auth.models import Permission as AuthPermission
+    from django.test import Client
+
+    people.alice.is_staff = True
+    people.alice.save(update_fields=["is_staff"])
+    people.alice.user_permissions.add(AuthPermission.objects.get(codename="view_approval"))
+    client = Client()
+    client.force_login(people.alice)
+    page = client.get(f"/admin/approvals/approval/{parked.approval.pk}/change/").content.decode()
+    assert 'id="edit-form"' in page
+    assert target.url(parked.path) in page  # the textarea starts from what will run
+    action = f"/admin/approvals/approval/{parked.approval.pk}/edit/"
+
+    client.post(action, {"edited_config": "{not json"})
+    client.post(action, {"edited_config": json.dumps({"message": "wrong shape"})})
+    _unchanged(parked.approval)
+
+    client.post(action, {"edited_config": json.dumps(parked.edited)})
+
+    approval = Approval.objects.get(pk=parked.approval.pk)
+    assert approval.status == ApprovalStatus.APPROVED
+    assert approval.edited_config == parked.edited
+    assert ApprovalDecision.objects.get(approval=approval).via == "admin"
+    assert drive.resume(parked.run).status == RunStatus.SUCCEEDED
+    assert target.count(parked.other, "POST") == 1
+    page = client.get(f"/admin/approvals/approval/{parked.approval.pk}/change/").content.decode()
+    assert 'id="edit-form"' not in page  # decided: nothing left to edit
