@@ -154,7 +154,9 @@ def _apply_edit(approval: Approval, user, edited_config: Any, via: str) -> None:
         return  # nothing changed: a plain approval
     four_eyes = Workspace.objects.filter(pk=approval.workspace_id, four_eyes=True).exists()
     required = max(approval.approvals_required, plan.approvals_required, 2 if four_eyes else 1)
-    earlier = list(approval.decisions.filter(decision=Decision.APPROVE).values_list("user__username", flat=True))
+    earlier = list(
+        approval.decisions.filter(decision=Decision.APPROVE).values_list("user__username", flat=True)
+    )
     approval.decisions.all().delete()
     before = {"what": approval.what, "risk": approval.risk, "plan_hash": approval.plan_hash,
               "approvals_required": approval.approvals_required}  # fmt: skip

@@ -63,8 +63,12 @@ def check_edit(approval: Approval, edited_config: Any) -> EditedPlan:
         credential_grants=grants, automation_id=run.automation_id,
     )  # fmt: skip
     if issues:
-        errors = [{**issue, "path": "/edited_config" + issue["path"].removeprefix("/config")} for issue in issues]
-        raise InvalidArgument(errors, f"the edited config is not valid for {approval.action}: {errors[0]['message']}")
+        errors = [
+            {**issue, "path": "/edited_config" + issue["path"].removeprefix("/config")} for issue in issues
+        ]
+        raise InvalidArgument(
+            errors, f"the edited config is not valid for {approval.action}: {errors[0]['message']}"
+        )
     prepared = steps.prepare_config(run, step, edited_config)
     if isinstance(prepared, Envelope):
         error = prepared.error or {}

@@ -7,7 +7,11 @@ class AutomationsConfig(AppConfig):
     name = "automations"
 
     def ready(self) -> None:
-        from approvals.services import register_automation_lookup, register_decision_listener, register_edit_check
+        from approvals.services import (
+            register_automation_lookup,
+            register_decision_listener,
+            register_edit_check,
+        )
         from notifications.services import register_event_publisher
         from workspaces.services import policies_check_register
 

@@ -88,7 +88,9 @@ class ApprovalDecide(APIView):
             raise ServiceError("INVALID_ARGUMENT", f"unknown field {unknown[0]!r}")
         edited = data.get("edited_config")
         if "edited_config" in data and (data.get("decision") != "approve" or not isinstance(edited, dict)):
-            raise ServiceError("INVALID_ARGUMENT", "edited_config is a whole config object, with approve only")
+            raise ServiceError(
+                "INVALID_ARGUMENT", "edited_config is a whole config object, with approve only"
+            )
         body = DecideIn(data=data)
         body.is_valid(raise_exception=True)
         values = body.validated_data

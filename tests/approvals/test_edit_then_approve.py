@@ -82,13 +82,21 @@ def test_the_edited_config_runs_exactly_once_and_the_diff_is_audited(drive, peop
     assert drive.resume(run).status == RunStatus.SUCCEEDED  # a second resume runs nothing again
     assert target.count(parked.other, "POST") == 1
     types = audit_types(parked.run.trace_id)
-    assert types.index("approval.edited") < types.index("approval.approved") < types.index("approval.consumed")
+    assert (
+        types.index("approval.edited") < types.index("approval.approved") < types.index("approval.consumed")
+    )
     assert "approval.invalidated" not in types
 
 
 def test_a_quorum_the_edit_raises_keeps_it_pending_and_a_re_render_does_not_escape_it(drive, people):
-    run = drive.start(drive.automation(definition(
-        {"step_id": "gate", "action": "require_approval", "config": {"message": "ship it?"}}, autonomy="A2")))
+    run = drive.start(
+        drive.automation(
+            definition(
+                {"step_id": "gate", "action": "require_approval", "config": {"message": "ship it?"}},
+                autonomy="A2",
+            )
+        )
+    )
     approval = drive.approval(run)
     edit = {"message": "ship it, with the fix?", "approvals_required": 2}
 
@@ -129,7 +137,12 @@ def test_approvals_given_before_an_edit_do_not_count_for_it(drive, people):
 def test_under_four_eyes_the_editor_is_not_the_only_approver(drive, people, parked):
     Workspace.objects.filter(pk=people.workspace.pk).update(four_eyes=True)
     # the owner last edited the automation: four-eyes keeps them from deciding, with or without an edit
-    assert _decide(people.owner, parked.approval, {"decision": "approve", "edited_config": parked.edited}).status_code == 403
+    assert (
+        _decide(
+            people.owner, parked.approval, {"decision": "approve", "edited_config": parked.edited}
+        ).status_code
+        == 403
+    )
     _unchanged(parked.approval)
 
     response = _decide(people.alice, parked.approval, {"decision": "approve", "edited_config": parked.edited})
@@ -194,7 +207,10 @@ def test_who_may_edit_and_when(drive, people, parked):
 
     assert _decide(people.operator, parked.approval, body).status_code == 403  # operators do not approve
     assert _decide(people.alice, parked.approval, body, client_for(people.alice, "mcp")).status_code == 403
-    assert _decide(people.alice, parked.approval, {**body, "decision": "deny", "reason": "no"}).status_code == 400
+    assert (
+        _decide(people.alice, parked.approval, {**body, "decision": "deny", "reason": "no"}).status_code
+        == 400
+    )
     _unchanged(parked.approval)
     assert _decide(people.bob, parked.approval, {"decision": "deny", "reason": "wrong"}).status_code == 200
 
