@@ -8,6 +8,7 @@ hash, which the approval and its token are bound to.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from approvals import gate as approval_gates
@@ -107,4 +108,5 @@ def edited_step(run: Run, step_run: StepRun, prepared: PreparedStep) -> Prepared
     edited = selectors.edited_config(run.pk, step_key)
     if edited is None:
         return prepared
-    return steps.prepare_config(run, prepared.step, edited)
+    edited_step = steps.prepare_config(run, prepared.step, edited)
+    return replace(edited_step, edited=True) if isinstance(edited_step, PreparedStep) else edited_step

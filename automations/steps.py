@@ -44,6 +44,8 @@ class PreparedStep:
     capability: Capability  # what the step exercises (for call_capability: the target)
     risk: Risk
     reasons: list[str]  # which rule raised the risk, and from what to what
+    # An approver's edit of the config (edit-then-approve): it runs on that approval, never without it.
+    edited: bool = False
 
     @property
     def step_id(self) -> str:

@@ -251,3 +251,44 @@ def test_an_approver_edits_then_approves_in_the_admin(drive, people, target, par
     assert target.count(parked.other, "POST") == 1
     page = client.get(f"/admin/approvals/approval/{parked.approval.pk}/change/").content.decode()
     assert 'id="edit-form"' not in page  # decided: nothing left to edit
+
+
+def test_an_edit_the_gate_would_let_through_still_runs_on_its_approval(drive, people, target, parked):
+    read = {"method": "GET", "url": target.url(parked.other)}  # low risk: A2 would not even ask
+
+    response = _decide(people.alice, parked.approval, {"decision": "approve", "edited_config": read})
+
+    assert response.json()["status"] == "approved"
+    assert response.json()["risk"] == "low"
+    run = drive.resume(parked.run)
+    assert run.status == RunStatus.SUCCEEDED
+    assert target.count(parked.other, "GET") == 1
+    assert (
+        Approval.objects.get(pk=parked.approval.pk).status == ApprovalStatus.CONSUMED
+    )  # used, not left open
+
+
+def test_no_standing_approval_stands_in_for_an_edit(drive, people, target, parked):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from approvals.models import StandingApproval
+    from approvals.services import standing_approval_create
+
+    assert (
+        _decide(
+            people.alice, parked.approval, {"decision": "approve", "edited_config": parked.edited}
+        ).status_code
+        == 200
+    )
+    standing_approval_create(workspace=people.workspace, automation_id=parked.run.automation_id,
+                             capability_id="http_request", max_uses=5, expires_at=timezone.now() + timedelta(hours=1),
+                             user=people.bob)  # fmt: skip
+
+    run = drive.resume(parked.run)
+
+    assert run.status == RunStatus.SUCCEEDED
+    assert Approval.objects.get(pk=parked.approval.pk).status == ApprovalStatus.CONSUMED  # the human's yes
+    assert StandingApproval.objects.get().uses == 0
+    assert target.count(parked.other, "POST") == 1
