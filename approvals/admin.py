@@ -17,6 +17,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
+from config.errors import ServiceError
 from workspaces.access import has_permission, workspaces_for
 from workspaces.models import Permission
 
@@ -96,7 +97,7 @@ class ApprovalAdmin(admin.ModelAdmin):
     change_form_template = "admin/approvals/approval/change_form.html"
     fields = ["status", "workspace", "automation_name", "automation_id", "run_id", "step_id", "action",
               "capability_id", "risk", "why", "message", "pretty_what", "requested_by", "approvals_required",
-              "expires_at", "created_at", "decided_at", "plan_hash", "answer"]  # fmt: skip
+              "expires_at", "created_at", "decided_at", "plan_hash", "answer", "edited_by"]  # fmt: skip
     readonly_fields = fields
 
     def get_queryset(self, request):
@@ -154,6 +155,8 @@ class ApprovalAdmin(admin.ModelAdmin):
                 "typed": "input_schema" in question and not question.get("options"),
                 "on_timeout": question.get("on_timeout"),
             }
+        if extra["may_decide"] and approval is not None and approval.action != services.QUESTION_ACTION:
+            extra["edit_what"] = json.dumps(approval.what, indent=2, sort_keys=True)  # the edit form's start
         return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
 
     # --- deciding ---------------------------------------------------------------
@@ -199,6 +202,8 @@ class ApprovalAdmin(admin.ModelAdmin):
             path("<uuid:object_id>/deny/", self.admin_site.admin_view(self.deny_view), name="approvals_approval_deny"),
             path("<uuid:object_id>/answer/", self.admin_site.admin_view(self.answer_view),
                  name="approvals_approval_answer"),
+            path("<uuid:object_id>/edit/", self.admin_site.admin_view(self.edit_view),
+                 name="approvals_approval_edit"),
         ]  # fmt: skip
         return extra + super().get_urls()
 
@@ -215,6 +220,31 @@ class ApprovalAdmin(admin.ModelAdmin):
             return HttpResponseNotAllowed(["POST"])
         approval = self._visible(request, object_id)
         self._decide(request, approval.pk, Decision.APPROVE)
+        return self._back(approval)
+
+    def edit_view(self, request, object_id):
+        """Edit, then approve: the whole config (JSON) to run instead, through the API's service."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        approval = self._visible(request, object_id)
+        try:
+            edited = json.loads(request.POST.get("edited_config", ""))
+        except ValueError:
+            self.message_user(request, "the edited config must be JSON", messages.ERROR)
+            return self._back(approval)
+        if not isinstance(edited, dict):
+            self.message_user(request, "the edited config must be a JSON object: the step's whole config",
+                              messages.ERROR)  # fmt: skip
+            return self._back(approval)
+        try:
+            approval = services.approval_decide(approval_id=approval.pk, user=request.user, decision=Decision.APPROVE,
+                                                via="admin", edited_config=edited)  # fmt: skip
+        except ServiceError as exc:
+            problems = "; ".join(f"{e['path']}: {e['message']}" for e in exc.errors or ()) or exc.message
+            self.message_user(request, f"not approved: {problems}"[:1000], messages.ERROR)
+        else:
+            self.message_user(request, f"{approval.automation_name} / {approval.step_id}: edited, now "
+                              f"{approval.status} ({approval.approvals_required} approver(s) needed)", messages.SUCCESS)  # fmt: skip
         return self._back(approval)
 
     def answer_view(self, request, object_id):

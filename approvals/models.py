@@ -63,6 +63,10 @@ class Approval(models.Model):
     )
     # ask_human: {value, freetext, decided_by, timed_out} once answered (or timed out).
     answer = models.JSONField(null=True, blank=True)
+    # Edit-then-approve: the whole config an approver wrote in place of the rendered one. The step runs
+    # it exactly (``plan_hash`` and the token are bound to it); a re-render never replaces it.
+    edited_config = models.JSONField(null=True, blank=True)
+    edited_by = models.CharField(max_length=150, blank=True, default="")
 
     class Meta:
         ordering = ["-created_at"]

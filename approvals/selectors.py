@@ -40,3 +40,16 @@ def answer_for(run_id, step_id: str) -> dict | None:
         Approval.objects.filter(run_id=run_id, step_id=step_id, answer__isnull=False)
         .order_by("-created_at").values_list("answer", flat=True).first()
     )  # fmt: skip
+
+
+def edited_config(run_id, step_key: str):
+    """The config an approver put in place of this step's rendered one (edit-then-approve), or None.
+
+    Read from the step's latest approval: once edited, the step runs the edit (or asks again about
+    it), never a fresh render of the original."""
+    return (
+        Approval.objects.filter(run_id=run_id, step_key=step_key, edited_config__isnull=False)
+        .order_by("-created_at")
+        .values_list("edited_config", flat=True)
+        .first()
+    )

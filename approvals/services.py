@@ -12,6 +12,7 @@ from __future__ import annotations
 import secrets
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -95,6 +96,90 @@ def _resume_on_commit(run_id: Any, reason: str) -> None:
     transaction.on_commit(lambda: app.send_task(RESUME_TASK, args=[run, why], ignore_result=True))
 
 
+# --- edit-then-approve ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EditedPlan:
+    """What an approver's edited config would run as, checked and gated again by the engine."""
+
+    config: dict[str, Any]
+    plan_hash: str
+    risk: str
+    reasons: list[str]
+    message: str
+    why: str
+    approvals_required: int
+
+
+# The engine registers, in its AppConfig.ready, how to check an edited config against the step it
+# replaces (automations/approval_edits.py): a 400 ServiceError when it may not run, else its plan.
+EditCheck = Callable[[Approval, Any], EditedPlan]
+_edit_check: list[EditCheck] = []
+
+
+def register_edit_check(check: EditCheck) -> None:
+    _edit_check[:] = [check]
+
+
+def config_diff(before: Any, after: Any, path: str = "") -> list[dict[str, Any]]:
+    """JSON-pointer changes from ``before`` to ``after``: ``{"path", "before"?, "after"?}`` each."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        changes: list[dict[str, Any]] = []
+        for key in sorted(set(before) | set(after), key=str):
+            where = f"{path}/{str(key).replace('~', '~0').replace('/', '~1')}"
+            if key not in after:
+                changes.append({"path": where, "before": before[key]})
+            elif key not in before:
+                changes.append({"path": where, "after": after[key]})
+            else:
+                changes += config_diff(before[key], after[key], where)
+        return changes
+    if _same(before, after) or (type(before) is type(after) and before == after):
+        return []
+    return [{"path": path or "/", "before": before, "after": after}]
+
+
+def _apply_edit(approval: Approval, user, edited_config: Any, via: str) -> None:
+    """Rebind the pending ``approval`` to the edited config (raises a 400 before writing anything).
+
+    Quorum: the edit counts as the editor's approval (recorded next by the caller); approvals given
+    before the edit were for another config and are dropped, so a quorum above one needs others to
+    approve the edited config. It never falls: the larger of the old and the edit's own quorum;
+    under four-eyes at least two, since whoever wrote what runs may not be its only approver."""
+    if not _edit_check:
+        raise ApprovalError("INVALID_ARGUMENT", "edit-then-approve is not available here")
+    plan = _edit_check[0](approval, edited_config)
+    if plan.plan_hash == approval.plan_hash:
+        return  # nothing changed: a plain approval
+    four_eyes = Workspace.objects.filter(pk=approval.workspace_id, four_eyes=True).exists()
+    required = max(approval.approvals_required, plan.approvals_required, 2 if four_eyes else 1)
+    earlier = list(
+        approval.decisions.filter(decision=Decision.APPROVE).values_list("user__username", flat=True)
+    )
+    approval.decisions.all().delete()
+    before = {"what": approval.what, "risk": approval.risk, "plan_hash": approval.plan_hash,
+              "approvals_required": approval.approvals_required}  # fmt: skip
+    updated = Approval.objects.filter(pk=approval.pk, status=ApprovalStatus.PENDING).update(
+        edited_config=plan.config, edited_by=user.get_username(), what=plan.config, plan_hash=plan.plan_hash,
+        risk=plan.risk, reasons=plan.reasons, message=plan.message[:10_000], why=plan.why,
+        approvals_required=required,
+    )  # fmt: skip
+    if not updated:
+        raise ApprovalError("CONFLICT", "this approval was decided by someone else just now", 409)
+    writer.append(
+        trace_id=approval.trace_id, type="approval.edited", stage="approval",
+        summary=f"{approval.step_id}: config edited by {user.get_username()} before approving "
+        f"(risk {before['risk']} -> {plan.risk}; {required} approver(s))",
+        workspace_id=approval.workspace_id, actor=writer.actor_for(user), refs=_refs(approval),
+        payload={"via": via, "diff": config_diff(before["what"], plan.config), "before": before,
+                 "after": {"what": plan.config, "risk": plan.risk, "plan_hash": plan.plan_hash,
+                           "approvals_required": required},
+                 "superseded_approvals": earlier},
+    )  # fmt: skip
+    approval.refresh_from_db()
+
+
 # --- deciding --------------------------------------------------------------------
 
 
@@ -127,12 +212,18 @@ def approval_decide_refusal(*, approval: Approval, user, now: datetime | None = 
 
 
 @transaction.atomic
-def approval_decide(*, approval_id: Any, user, decision: str, reason: str = "", via: str = "api") -> Approval:
+def approval_decide(
+    *, approval_id: Any, user, decision: str, reason: str = "", via: str = "api", edited_config: Any = None
+) -> Approval:
     """Record ``user``'s approve/deny. Exactly one outcome wins under concurrency: the row is
     locked (``select_for_update``; SQLite serialises writers) and every status change is a
-    conditional UPDATE on ``status='pending'``."""
+    conditional UPDATE on ``status='pending'``.
+
+    ``edited_config`` (approve only): edit, then approve — see :func:`_apply_edit`."""
     if decision not in (Decision.APPROVE, Decision.DENY):
         raise ApprovalError("INVALID_ARGUMENT", "decision must be approve or deny")
+    if edited_config is not None and decision != Decision.APPROVE:
+        raise ApprovalError("INVALID_ARGUMENT", "edited_config goes with approve only")
     reason = (reason or "").strip()
     approval = Approval.objects.select_for_update().filter(pk=approval_id).first()
     if approval is None:
@@ -147,6 +238,8 @@ def approval_decide(*, approval_id: Any, user, decision: str, reason: str = "", 
     refusal = approval_decide_refusal(approval=approval, user=user, now=now)
     if refusal is not None:
         raise refusal
+    if edited_config is not None:
+        _apply_edit(approval, user, edited_config, via)
     try:
         with transaction.atomic():
             ApprovalDecision.objects.create(approval=approval, user=user, decision=decision, reason=reason[:2000],

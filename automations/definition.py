@@ -503,6 +503,21 @@ def validate_definition(
     return checker.issues
 
 
+def step_config_issues(
+    step: Mapping[str, Any],
+    *,
+    workspace_id: int,
+    credential_names: set[str],
+    credential_grants: Mapping[str, Grant],
+    automation_id: Any,
+) -> list[dict[str, str]]:
+    """The checks a save runs on one step's config (schema, templates, the action's own checks,
+    credentials and their grants, the capability it calls): for an approver's edit of it."""
+    checker = _Checker({}, workspace_id, credential_names, credential_grants, automation_id)
+    checker.check_config(step, "", set())
+    return checker.issues
+
+
 def definition_size(definition: Any) -> int:
     """Bytes of ``definition`` as compact UTF-8 JSON (more than the cap when it cannot be encoded)."""
     try:

@@ -49,7 +49,7 @@ from audit.redaction import redact
 from capabilities.base import AwaitingApproval, Envelope, ErrorCode, StepFailure
 from config import instruments, logs, tracing
 
-from . import gating, recovery, replay, steps, transient
+from . import approval_edits, gating, recovery, replay, steps, transient
 from .action_context import action_context, cost_meter
 from .agent_tools import ToolGateway
 from .claim import LostClaim, claim, worker_id
@@ -207,6 +207,9 @@ class Executor(RunRecorder):
             return None
         attempt = step_run.attempt + 1
         prepared = steps.prepare(self.run, step, attempt)
+        if isinstance(prepared, PreparedStep) and step_run.pk is not None:
+            # It parked (or ran) before: an approver's edit of its config runs instead of the render.
+            prepared = approval_edits.edited_step(self.run, step_run, prepared)
         if prepared is steps.SKIP:
             return self._skip(step_run, step)
         if isinstance(prepared, Envelope):

@@ -67,7 +67,7 @@ def decision_for(
         return forced
     if autonomy == "A0":
         return policy.Decision.PREVIEW
-    if prepared.action.always_asks_human:
+    if prepared.action.always_asks_human or prepared.edited:  # an edit runs on its approval's token
         return policy.Decision.CONFIRM
     decision = policy.gate(autonomy, prepared.risk)
     return (
@@ -105,7 +105,9 @@ def _gate(run: Run, step_run: StepRun, prepared: PreparedStep, autonomy: str) ->
         if forced.decision == policy.Decision.BLOCK:
             message = f"blocked by {'; '.join(forced.reasons)}"
         return _refuse(ErrorCode.POLICY_VIOLATION, message, blocked=True)
-    verdict = approval_verdict(run, step_run, prepared, autonomy, asked_because=forced.reasons)
+    # An approver's edit runs on their approval: no standing approval stands in for it.
+    asked_because = (*forced.reasons, "an approver's edit") if prepared.edited else forced.reasons
+    verdict = approval_verdict(run, step_run, prepared, autonomy, asked_because=asked_because)
     if verdict.status == "approved":
         return PROCEED
     if verdict.status == "pending":

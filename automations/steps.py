@@ -44,6 +44,8 @@ class PreparedStep:
     capability: Capability  # what the step exercises (for call_capability: the target)
     risk: Risk
     reasons: list[str]  # which rule raised the risk, and from what to what
+    # An approver's edit of the config (edit-then-approve): it runs on that approval, never without it.
+    edited: bool = False
 
     @property
     def step_id(self) -> str:
@@ -165,6 +167,12 @@ def prepare(run: Run, step: dict[str, Any], attempt: int) -> PreparedStep | Skip
         config = template.render_value(step.get("config") or {}, context)
     except template.TemplateError as exc:
         return _failure(exc.code, exc.message)
+    return prepare_config(run, step, config)
+
+
+def prepare_config(run: Run, step: dict[str, Any], config: Any) -> PreparedStep | Envelope:
+    """Check and describe a step's concrete ``config``: the rendered one, or an approver's edit of it
+    (edit-then-approve), which runs as it is, never rendered."""
     action = registry.get_action(step["action"])
     if action is None:
         return _failure(ErrorCode.CAPABILITY_NOT_FOUND, f"unknown action '{step['action']}'")

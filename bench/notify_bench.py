@@ -6,10 +6,19 @@ the gate runs here and its after-commit sends the deliveries to the broker); a w
 ``default`` queue delivers them: an e-mail to a local SMTP server (aiosmtpd) and a signed POST to a
 local receiver. Latency is the arrival time minus the approval's ``created_at`` (same clock).
 
+With ``--decisions N`` it also measures **decision -> next step's start** (issue 30's target: p50
+at most 3x a bare Celery round trip, measured in the same run on the same broker): N runs park on a
+``require_approval`` step; each is approved in this process (half of them with an edited config,
+edit-then-approve), one at a time, and the latency is until the next step's GET reaches a local
+receiver, through the real path: the after-commit ``resume_run`` on the default queue, then the
+run's execute message on its own queue, a worker claiming it and running the approved step and
+the next one.
+
 Standalone, after ``manage.py migrate`` (any database and broker; the PostgreSQL + Redis lane is the
 one the target is for)::
 
     uv run python bench/notify_bench.py --approvals 200
+    uv run python bench/notify_bench.py --approvals 0 --decisions 60
 """
 
 from __future__ import annotations
@@ -60,6 +69,7 @@ def main() -> None:
     parser.add_argument(
         "--interval", type=float, default=0.0, help="seconds between approvals (0: back to back)"
     )
+    parser.add_argument("--decisions", type=int, default=0, help="decision -> next step samples (0: skip)")
     args = parser.parse_args()
 
     from aiosmtpd.controller import Controller
@@ -89,6 +99,9 @@ def main() -> None:
         EMAIL_BACKEND="django.core.mail.backends.smtp.EmailBackend",
         EMAIL_HOST="127.0.0.1",
         EMAIL_PORT=str(smtp.port),
+        # The local SMTP server and receivers are on loopback: on the egress deny-list, which only the
+        # deployment opens.
+        AUTOPLANE_EGRESS_ALLOWLIST=os.environ.get("AUTOPLANE_EGRESS_ALLOWLIST") or "127.0.0.1",
     )  # fmt: skip (the workers inherit these)
     import django
 
@@ -124,6 +137,12 @@ def main() -> None:
                   "config": {"method": "POST", "url": f"http://127.0.0.1:{port}/never"}}],
     })  # fmt: skip
 
+    if args.decisions:
+        decision_latency(args.decisions, args.concurrency)
+    if not args.approvals:
+        smtp.stop()
+        receiver.shutdown()
+        return
     ids: list[str] = []
     with Workers({"default": args.concurrency}) as workers:
         workers.wait_ready()
@@ -153,6 +172,109 @@ def main() -> None:
     print(f"at {datetime.now(UTC).isoformat(timespec='seconds')}, {args.concurrency} default-queue worker(s)")
     smtp.stop()
     receiver.shutdown()
+
+
+def decision_latency(n: int, concurrency: int) -> None:
+    """Decision -> the next step's start, p50/p99 over ``n`` sequential decisions (see the module doc)."""
+    from django.contrib.auth import get_user_model
+
+    from approvals.models import Approval
+    from approvals.services import approval_decide
+    from automations import executor, services
+    from automations.models import Run
+    from bench.engine_bench import celery_round_trips
+    from bench.workers import Workers
+    from config.celery import QUEUE_FAST
+    from workspaces.models import Role, Workspace
+    from workspaces.services import membership_set_role, workspace_get_or_create
+
+    started: dict[str, threading.Event] = {}
+    arrived: dict[str, float] = {}
+
+    class Next(BaseHTTPRequestHandler):
+        def log_message(self, *a: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802
+            run_id = self.path.rsplit("/", 1)[-1]
+            arrived.setdefault(run_id, time.time())
+            if run_id in started:
+                started[run_id].set()
+            self.send_response(204)
+            self.end_headers()
+
+    receiver = ThreadingHTTPServer(("127.0.0.1", 0), Next)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    workspace = workspace_get_or_create(slug="bench-decide")  # no channels: no notices in the way
+    Workspace.objects.filter(pk=workspace.pk).update(egress_allowlist=["127.0.0.1"], four_eyes=False)
+    User = get_user_model()
+    author, _ = User.objects.get_or_create(username="bench-decide-author")
+    approver, _ = User.objects.get_or_create(username="bench-decide-approver")
+    membership_set_role(workspace=workspace, user=author, role=Role.ADMIN)
+    membership_set_role(workspace=workspace, user=approver, role=Role.APPROVER)
+    url = f"http://127.0.0.1:{receiver.server_address[1]}/next/{{{{ run.id }}}}"
+    automation = services.automation_create(workspace=workspace, user=author, definition={
+        "schema_version": "1.0", "name": f"bench decide {time.time()}", "execution": {"autonomy": "A2"},
+        "plan": [{"step_id": "gate", "action": "require_approval", "config": {"message": "go?"}},
+                 {"step_id": "next", "action": "http_request", "config": {"method": "GET", "url": url}}],
+    })  # fmt: skip
+    parked: list[tuple[str, str]] = []
+    for _ in range(n):
+        run = services.run_create(automation=automation, inputs={}, user=author).run
+        assert run is not None
+        executor.execute_run(str(run.pk))
+        approval = Approval.objects.filter(run_id=run.pk).values_list("pk", flat=True).get()
+        parked.append((str(run.pk), str(approval)))
+        started[str(run.pk)] = threading.Event()
+    queue = Run.objects.get(pk=parked[0][0]).queue
+    groups = {"default": concurrency, queue: 1} if queue != "default" else {"default": concurrency}
+    groups.setdefault(QUEUE_FAST, 1)  # the bare round trip's queue
+    latencies: dict[bool, list[float]] = {False: [], True: []}
+    decided_at: dict[str, tuple[float, float, bool]] = {}
+    with Workers(groups) as workers:
+        workers.wait_ready()
+        bare = celery_round_trips(max(30, n))
+        for i, (run_id, approval_id) in enumerate(parked):
+            edit = i % 2 == 1
+            t0 = time.time()
+            approval_decide(approval_id=approval_id, user=approver, decision="approve", via="api",
+                            edited_config={"message": f"go, edited {i}"} if edit else None)  # fmt: skip
+            decided_at[run_id] = (t0, time.time(), edit)
+            started[run_id].wait(30)
+    receiver.shutdown()
+    # The next step's start is its row's started_at (set just before its handler is called); where the
+    # time goes (medians): the decide call itself (committed), resume_run re-queued the run, a worker
+    # claimed it and ran the approved step, the next step started, its GET reached the receiver.
+    hops: dict[str, list[float]] = {"decide call": [], "resume_run re-queued it": [],
+                                    "worker ran the approved step": [], "next step started": [],
+                                    "its GET arrived": []}  # fmt: skip
+    for run_id, (t0, t1, edit) in decided_at.items():
+        run = Run.objects.get(pk=run_id)
+        gate = run.steps.get(step_id="gate")
+        following = run.steps.filter(step_id="next").first()
+        if not (following and following.started_at and run.enqueued_at and gate.finished_at):
+            continue
+        latencies[edit].append((following.started_at.timestamp() - t0) * 1000)
+        marks = [t0, t1, run.enqueued_at.timestamp(), gate.finished_at.timestamp(),
+                 following.started_at.timestamp(), arrived.get(run_id, float("nan"))]  # fmt: skip
+        for name, a, b in zip(hops, marks, marks[1:], strict=False):
+            hops[name].append((b - a) * 1000)
+    print(
+        "  where it goes (p50): "
+        + "; ".join(f"{name} +{_pct(v, 0.5):.1f} ms" for name, v in hops.items() if v)
+    )
+    bare_p50 = _pct(bare, 0.5)
+    print(f"bare celery round trip ({QUEUE_FAST}): p50 {bare_p50:.1f} ms, p99 {_pct(bare, 0.99):.1f} ms "
+          f"(n={len(bare)})")  # fmt: skip
+    for edit, values in latencies.items():
+        label = "edit-then-approve" if edit else "approve"
+        if not values:
+            print(f"decision ({label}) -> next step: nothing started")
+            continue
+        p50 = _pct(values, 0.5)
+        print(f"decision ({label}) -> next step's start: {len(values)} samples, p50 {p50:.1f} ms "
+              f"({p50 / bare_p50:.1f}x the bare round trip; target <= 3x), p99 {_pct(values, 0.99):.1f} ms, "
+              f"runs on {queue}")  # fmt: skip
 
 
 if __name__ == "__main__":

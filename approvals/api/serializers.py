@@ -26,7 +26,7 @@ class ApprovalOut(serializers.ModelSerializer):
         fields = ["id", "workspace", "run_id", "automation_id", "automation_name", "step_id", "action",
                   "capability_id", "status", "risk", "reasons", "what", "why", "message", "plan_hash",
                   "requested_by", "approvals_required", "approvals_count", "expires_at", "created_at",
-                  "decided_at", "answer"]  # fmt: skip
+                  "decided_at", "answer", "edited_by"]  # fmt: skip
 
 
 class ApprovalQuery(serializers.Serializer):
@@ -47,6 +47,11 @@ class DecideIn(serializers.Serializer):
     value = serializers.JSONField(required=False, help_text="answer: one of the question's option values")
     freetext = serializers.JSONField(
         required=False, help_text="answer: free text, when the question allows it"
+    )
+    edited_config = serializers.JSONField(
+        required=False,
+        help_text="approve: a whole config of the same action to run instead of the rendered one "
+        "(edit-then-approve; validated, risk and gate applied again)",
     )
 
 

@@ -86,8 +86,11 @@ class ApprovalDecide(APIView):
         unknown = sorted(set(data) - {"decision", "reason", "value", "freetext", "edited_config"})
         if unknown:
             raise ServiceError("INVALID_ARGUMENT", f"unknown field {unknown[0]!r}")
-        if "edited_config" in data:
-            raise ServiceError("INVALID_ARGUMENT", "edit-then-approve (edited_config) is not supported yet")
+        edited = data.get("edited_config")
+        if "edited_config" in data and (data.get("decision") != "approve" or not isinstance(edited, dict)):
+            raise ServiceError(
+                "INVALID_ARGUMENT", "edited_config is a whole config object, with approve only"
+            )
         body = DecideIn(data=data)
         body.is_valid(raise_exception=True)
         values = body.validated_data
@@ -97,7 +100,7 @@ class ApprovalDecide(APIView):
                                      freetext=data.get("freetext", ""), via="api")  # fmt: skip
         else:
             services.approval_decide(approval_id=approval.pk, user=request.user, decision=values["decision"],
-                                     reason=values["reason"], via="api")  # fmt: skip
+                                     reason=values["reason"], via="api", edited_config=edited)  # fmt: skip
         return _approval_response(approval.pk)
 
 

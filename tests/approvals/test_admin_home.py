@@ -98,3 +98,21 @@ def test_home_lists_no_approvals_for_a_viewer_but_the_problems_and_platform_stat
     assert 'id="failing-automations"' in body  # its last run failed
     assert 'id="platform-state"' in body
     assert "automations_fast" in body
+
+
+def test_home_cues_when_more_than_five_medium_or_higher_approvals_wait(drive, people, target, path_for):
+    medium = drive.automation(definition(risk_step("medium", target.url(path_for("backlog"))), autonomy="A2"))
+    asks = drive.automation(definition({"step_id": "gate", "action": "require_approval",
+                                        "config": {"message": "low-risk checkpoint"}}, name="low"))  # fmt: skip
+    for _ in range(5):
+        drive.start(medium)
+    drive.start(asks)  # low risk: not part of the cue
+
+    assert 'id="risky-backlog"' not in _home(people.alice)  # five wait: no cue yet
+
+    drive.start(medium)
+    body = _home(people.alice)
+
+    assert 'id="risky-backlog"' in body
+    assert "6 medium-or-higher-risk approvals are waiting" in body
+    assert 'id="risky-backlog"' not in _home(people.outsider)  # none of them are the outsider's

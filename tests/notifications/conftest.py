@@ -32,7 +32,8 @@ def signing_key_file(signing_key_file):
 
 @pytest.fixture(autouse=True)
 def _settings(settings) -> None:
-    # Loopback (the test receivers) is on the platform's deny-list: only the deployment's allowlist opens it.
+    # The local receivers are on loopback: on the platform deny-list, which only the deployment opens
+    # (the workspace allowlist, 127.0.0.1, still applies on top).
     settings.AUTOPLANE_EGRESS_ALLOWLIST = ["127.0.0.1"]
     settings.AUTOPLANE_PUBLIC_URL = "https://autoplane.example"
     settings.AUTOPLANE_NOTIFY_TIMEOUT_SECONDS = 0.5

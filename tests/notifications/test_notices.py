@@ -278,7 +278,8 @@ def test_a_channel_that_keeps_failing_is_marked_failing_on_the_admin_home(
 
 def test_the_egress_guard_refuses_at_send_time_too(people, receiver, queued, park, settings):
     _webhook_channel(people, receiver.url("/guarded"))
-    settings.AUTOPLANE_EGRESS_ALLOWLIST = []  # the deployment closes loopback again after the save
+    # After the channel was saved, loopback is closed again: the deployment no longer opens it.
+    settings.AUTOPLANE_EGRESS_ALLOWLIST = []
     Workspace.objects.filter(pk=people.workspace.pk).update(egress_allowlist=[])
     park()
     (delivery_id,) = queued.deliveries()
@@ -286,7 +287,7 @@ def test_the_egress_guard_refuses_at_send_time_too(people, receiver, queued, par
     assert services.delivery_attempt(delivery_id) == "failed"  # refused outright, not retried
     delivery = Delivery.objects.get(pk=delivery_id)
     assert delivery.attempts == 1
-    assert "deny-list" in delivery.last_error
+    assert "egress deny-list" in delivery.last_error
     assert receiver.requests("/guarded") == []
 
 
