@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import pytest
 
+from approvals.models import Approval
+from approvals.services import approval_decide
 from audit.models import AuditEvent
 from automations import services
 from automations.models import Run, RunStatus, StepRun
-from tests.factories import definition
+from tests.factories import definition, member
 from tests.live import live_worker_env, wait_for
 from tests.llm_server import Reply, reply_text, reply_tool_call
+from workspaces.models import Role
 
 pytestmark = pytest.mark.workers
 
@@ -62,6 +65,12 @@ def test_cancel_abandons_an_llm_call_in_flight(llm, agent_worker, workspace):
 def test_cancel_interrupts_a_tool_call_in_flight(llm, agent_worker, workspace, slow_server):
     llm.script(reply_tool_call("core_http_get", {"url": slow_server.url, "timeout_seconds": 100}))
     run = _start(workspace, tools=["core.http_get"])
+    # The test's server is on loopback: an agent-chosen URL to a non-public address asks a human first.
+    wait_for(lambda: Approval.objects.filter(run_id=run.pk, status="pending").exists(), timeout=30,
+             what="the fetch asks a human")  # fmt: skip
+    approver = member("approver", workspace, Role.APPROVER)
+    approval_decide(approval_id=Approval.objects.get(run_id=run.pk).pk, user=approver, decision="approve")
+    services.run_resume(run_id=str(run.pk))  # a no-op if the decision's own resume came first
     assert slow_server.arrived.wait(30), "the tool's request never reached the server"
 
     payload = _cancel_and_wait(run)

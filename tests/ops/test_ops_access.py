@@ -88,6 +88,7 @@ def _deploy_ids() -> set[str]:
     }
 
 
+@pytest.mark.django_db  # check --deploy also reads the workspaces (workspaces.W001)
 def test_check_deploy_flags_open_metrics_public_health_and_a_proxy_without_hops(settings):
     settings.AUTOPLANE_METRICS_TOKEN = ""
     settings.AUTOPLANE_HEALTHZ_DETAILS = "public"
@@ -100,6 +101,7 @@ def test_check_deploy_flags_open_metrics_public_health_and_a_proxy_without_hops(
     assert "autoplane.W002" in _deploy_ids()
 
 
+@pytest.mark.django_db  # check --deploy also reads the workspaces (workspaces.W001)
 def test_check_deploy_is_quiet_about_the_edge_when_it_is_closed(settings):
     settings.AUTOPLANE_METRICS_TOKEN = TOKEN + "-and-long-enough"
     settings.AUTOPLANE_HEALTHZ_DETAILS = "private"
@@ -108,6 +110,7 @@ def test_check_deploy_is_quiet_about_the_edge_when_it_is_closed(settings):
     assert _deploy_ids() == set()
 
 
+@pytest.mark.django_db  # check --deploy also reads the workspaces (workspaces.W001)
 def test_doctor_flags_open_metrics_and_proxy_hops_with_a_production_database(settings):
     from ops.doctor import check_settings
 
