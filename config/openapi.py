@@ -38,10 +38,11 @@ _DESCRIPTIONS = {
     "see `Retry-After`",
 }
 # Answered by the web server (gunicorn) before the application sees the request, so it is
-# HTML, the one error that is not the envelope.
+# not the envelope: plain text from gunicorn's ASGI worker (what `up` and compose run), HTML
+# from its synchronous workers.
 _URI_TOO_LONG = {
     "description": "The request line is longer than the web server accepts (4094 bytes)",
-    "content": {"text/html": {"schema": {"type": "string"}}},
+    "content": {"text/plain": {"schema": {"type": "string"}}, "text/html": {"schema": {"type": "string"}}},
 }
 _WRITE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 _BODY_METHODS = {"POST", "PUT", "PATCH"}

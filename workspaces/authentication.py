@@ -11,6 +11,7 @@ refuses it approving and administering wherever those are checked).
 
 from __future__ import annotations
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.permissions import SAFE_METHODS, BasePermission
@@ -43,6 +44,17 @@ class ApiTokenAuthentication(BaseAuthentication):
 
     def authenticate_header(self, request) -> str:
         return "Token"
+
+
+class ApiTokenScheme(OpenApiAuthenticationExtension):
+    """The API's ``tokenAuth`` security scheme (``/api/schema/``), as DRF's TokenAuthentication had it."""
+
+    target_class = ApiTokenAuthentication
+    name = "tokenAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "apiKey", "in": "header", "name": "Authorization",
+                "description": 'Token-based authentication with required prefix "Token"'}  # fmt: skip
 
 
 class TokenScopeAllows(BasePermission):

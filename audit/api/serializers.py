@@ -58,6 +58,12 @@ class VerifyQuerySerializer(serializers.Serializer):
         "AUTOPLANE_AUDIT_FULL_VERIFY_INTERVAL_SECONDS (else 429 with Retry-After)",
     )  # fmt: skip
 
+    def to_internal_value(self, data):
+        # DRF reads an empty ?full= as absent; it is not a boolean, so it is refused like ?full=maybe.
+        if "full" in data and data.get("full") == "":
+            raise serializers.ValidationError({"full": ["a boolean: true or false"]})
+        return super().to_internal_value(data)
+
 
 class PublicKeySerializer(serializers.Serializer):
     key_id = serializers.CharField(help_text="first 16 hex digits of sha256(raw public key)")

@@ -52,7 +52,7 @@ def test_the_error_envelope_is_one_component_every_error_references(schema):
     for path, method, operation in _operations(schema):
         for status in operation["responses"]:
             if status == "414":  # the web server's own answer, before the application
-                assert list(operation["responses"][status]["content"]) == ["text/html"]
+                assert list(operation["responses"][status]["content"]) == ["text/plain", "text/html"]
             elif status >= "400":
                 assert _json_schema(operation, status) == {"$ref": ERROR_REF}, (method, path, status)
                 error_statuses += 1
@@ -102,6 +102,15 @@ def test_fire_declares_its_bearer_webhook_token(schema):
         "description": "The trigger's webhook token (POST /triggers/{id}/rotate-token).",
     }  # fmt: skip
     assert {"200", "202", "400", "401", "404", "409", "413", "415", "422", "429"} <= set(fire["responses"])
+
+
+def test_the_api_declares_its_token_or_a_session(schema):
+    # Without the hashed tokens' scheme, clients (and schemathesis) read a session cookie as required.
+    assert schema["paths"]["/api/v1/runs"]["get"]["security"] == [{"tokenAuth": []}, {"cookieAuth": []}]
+    assert schema["components"]["securitySchemes"]["tokenAuth"] == {
+        "type": "apiKey", "in": "header", "name": "Authorization",
+        "description": 'Token-based authentication with required prefix "Token"',
+    }  # fmt: skip
 
 
 # --- one error style ------------------------------------------------------------------

@@ -103,8 +103,9 @@ def test_a_break_found_by_a_full_walk_is_not_cleared_by_an_incremental_one(api_u
     assert served["broken"]["event_id"] == old.id
 
 
-def test_a_bad_query_is_a_400(api_users):
-    response = _verify(api_users.alice, full="maybe")
+@pytest.mark.parametrize("full", ["maybe", ""])
+def test_a_bad_query_is_a_400(api_users, full):
+    response = _verify(api_users.alice, full=full)
     assert response.status_code == 400
     assert response.json()["errors"][0]["path"] == "/full"
 
