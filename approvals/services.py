@@ -71,8 +71,9 @@ def _refs(approval: Approval) -> dict[str, str]:
     }
 
 
-# The engine registers, in its AppConfig.ready, how to publish a domain event: approval.decided and
-# approval.expired are usable as event triggers, and approvals never import the engine.
+# The engine registers, in its AppConfig.ready, how to publish a domain event: approval.decided,
+# approval.expired, approval.reminded and approval.escalated (notifications publishes those two through
+# approval_event_publish) are usable as event triggers, and approvals never import the engine.
 _decision_listener: list[Callable[..., Any]] = []
 
 
@@ -80,7 +81,7 @@ def register_decision_listener(listener: Callable[..., Any]) -> None:
     _decision_listener[:] = [listener]
 
 
-def _announce(approval: Approval, event_type: str, **payload: Any) -> None:
+def approval_event_publish(approval: Approval, event_type: str, **payload: Any) -> None:
     if _decision_listener:
         _decision_listener[0](
             workspace_id=approval.workspace_id, event_type=event_type, source="approvals",
@@ -256,7 +257,9 @@ def approval_decide(
             workspace_id=approval.workspace_id, actor=actor, refs=_refs(approval),
             payload={"via": via, "reason": reason[:1000]},
         )  # fmt: skip
-        _announce(approval, "approval.decided", decision="denied", decided_by=[user.get_username()])
+        approval_event_publish(
+            approval, "approval.decided", decision="denied", decided_by=[user.get_username()]
+        )
         _resume_on_commit(approval.run_id, "approval denied")
     else:
         approvals = approval.decisions.filter(decision=Decision.APPROVE).count()
@@ -276,7 +279,7 @@ def approval_decide(
                          "plan_hash": approval.plan_hash, "key_id": tokens.decode(token)[1]["kid"]},
                 secrets=[token],
             )  # fmt: skip
-            _announce(approval, "approval.decided", decision="approved",
+            approval_event_publish(approval, "approval.decided", decision="approved",
                       decided_by=list(approval.decisions.values_list("user__username", flat=True)))  # fmt: skip
             _resume_on_commit(approval.run_id, "approval granted")
         else:
@@ -345,7 +348,7 @@ def _answer(approval: Approval, *, answer: dict[str, Any], now: datetime, actor:
         workspace_id=approval.workspace_id, actor=actor, refs=_refs(approval),
         payload={"via": via, **answer, "plan_hash": approval.plan_hash}, secrets=[token],
     )  # fmt: skip
-    _announce(approval, "approval.decided", decision="answered", value=answer["value"],
+    approval_event_publish(approval, "approval.decided", decision="answered", value=answer["value"],
               decided_by=[answer["decided_by"]] if answer["decided_by"] else [], timed_out=answer["timed_out"])  # fmt: skip
     _resume_on_commit(approval.run_id, "question answered")
 
@@ -427,7 +430,7 @@ def approvals_expire(*, now: datetime | None = None) -> dict[str, int]:
                 summary=f"{approval.step_id}: the approval expired undecided", workspace_id=approval.workspace_id,
                 refs=_refs(approval), payload={"expires_at": approval.expires_at.isoformat()},
             )  # fmt: skip
-            _announce(approval, "approval.expired", expires_at=approval.expires_at.isoformat())
+            approval_event_publish(approval, "approval.expired", expires_at=approval.expires_at.isoformat())
             _resume_on_commit(approval.run_id, "approval expired")
             expired += 1
     unsettled = Approval.objects.filter(

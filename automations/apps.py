@@ -12,7 +12,6 @@ class AutomationsConfig(AppConfig):
             register_decision_listener,
             register_edit_check,
         )
-        from notifications.services import register_event_publisher
         from workspaces.services import policies_check_register
 
         from . import approval_edits, events
@@ -23,6 +22,5 @@ class AutomationsConfig(AppConfig):
         register_edit_check(approval_edits.check_edit)
         policies_check_register(workspace_rule_issues)
         # approval.reminded / approval.escalated / approval.decided / approval.expired are domain
-        # events (usable as event triggers); the apps below the engine publish them through it.
-        register_event_publisher(events.publish)
+        # events (usable as event triggers); approvals publishes them through it.
         register_decision_listener(events.publish)

@@ -21,7 +21,7 @@ import logging
 import secrets as secrets_module
 import ssl
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -80,27 +80,6 @@ DEFAULT_MAX_RE_REQUESTS = 1
 
 class NotificationError(ServiceError):
     """A refused channel operation, with a stable API code and HTTP status."""
-
-
-# The engine registers, in its AppConfig.ready, how to publish a domain event (approval.reminded,
-# approval.escalated): notifications never import the engine (STYLE: dependencies point one way).
-EventPublisher = Callable[..., Any]
-_publisher: list[EventPublisher] = []
-
-
-def register_event_publisher(publisher: EventPublisher) -> None:
-    _publisher[:] = [publisher]
-
-
-def _publish(approval: Approval, event_type: str, payload: Mapping[str, Any]) -> None:
-    if _publisher:
-        _publisher[0](
-            workspace_id=approval.workspace_id, event_type=event_type, source="approvals",
-            payload={"approval_id": str(approval.pk), "run_id": str(approval.run_id),
-                     "automation_id": str(approval.automation_id), "automation_name": approval.automation_name,
-                     "step_id": approval.step_id, "risk": approval.risk, **payload},
-            trace_id=approval.trace_id,
-        )  # fmt: skip
 
 
 # --- channels ---------------------------------------------------------------------------------
@@ -738,7 +717,9 @@ def notifications_sweep(*, now: datetime | None = None) -> dict[str, int]:
                 ).update(reminders_sent=watch.reminders_sent + 1, last_reminded_at=now)
                 if claimed:
                     fan_out(approval, Notice.REMINDER, extra=watch.notify, sequence=watch.reminders_sent + 1)
-                    _publish(approval, "approval.reminded", {"reminder": watch.reminders_sent + 1})
+                    approval_services.approval_event_publish(
+                        approval, "approval.reminded", reminder=watch.reminders_sent + 1
+                    )
                     counts["reminded"] += 1
         if (
             watch.escalate_after_seconds is not None
@@ -751,7 +732,9 @@ def notifications_sweep(*, now: datetime | None = None) -> dict[str, int]:
                 ).update(escalated_at=now)
                 if claimed:
                     fan_out(approval, Notice.ESCALATION, extra=watch.escalate_to)
-                    _publish(approval, "approval.escalated", {"escalate_to": list(watch.escalate_to)})
+                    approval_services.approval_event_publish(
+                        approval, "approval.escalated", escalate_to=list(watch.escalate_to)
+                    )
                     counts["escalated"] += 1
     clock = timezone.now()  # the wall clock: a message is lost after RESEND_AFTER of real time
     stale = Delivery.objects.filter(

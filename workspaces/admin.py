@@ -72,35 +72,29 @@ class WorkspaceForm(forms.ModelForm):
 
     def clean_min_approvals(self):
         value = self.cleaned_data.get("min_approvals")
-        if value is None:
-            return None
-        try:
-            return services.min_approvals_check(value)
-        except ServiceError as exc:
-            raise ValidationError([e["message"] for e in exc.errors or []] or exc.message) from None
+        return None if value is None else _checked(services.min_approvals_check, value)
 
     def clean_egress_allowlist(self):
         value = self.cleaned_data.get("egress_allowlist")
-        try:
-            return services.egress_allowlist_check([] if value in (None, "") else value)
-        except ServiceError as exc:
-            raise ValidationError([e["message"] for e in exc.errors or []] or exc.message) from None
+        return _checked(services.egress_allowlist_check, [] if value in (None, "") else value)
 
     def clean_policies(self):
         value = self.cleaned_data.get("policies")
-        try:
-            return services.policies_check([] if value in (None, "") else value)
-        except ServiceError as exc:
-            raise ValidationError([e["message"] for e in exc.errors or []] or exc.message) from None
+        return _checked(services.policies_check, [] if value in (None, "") else value)
 
     def clean_quiet_hours(self):
         value = self.cleaned_data.get("quiet_hours")
-        try:
-            return services.quiet_hours_check(None if value in (None, "") else value)
-        except ServiceError as exc:
-            raise ValidationError(
-                [f"{e['path']}: {e['message']}" for e in exc.errors or []] or exc.message
-            ) from None
+        return _checked(services.quiet_hours_check, None if value in (None, "") else value, with_paths=True)
+
+
+def _checked(check, value, *, with_paths: bool = False):
+    """The service's check of one field, its refusal shown on the form (the same rules as the API)."""
+    try:
+        return check(value)
+    except ServiceError as exc:
+        errors = exc.errors or []
+        messages = [f"{e['path']}: {e['message']}" if with_paths else e["message"] for e in errors]
+        raise ValidationError(messages or exc.message) from None
 
 
 class MembershipFormSet(forms.BaseInlineFormSet):
