@@ -57,16 +57,9 @@ def effective_allowlist(workspace_allowlist: Iterable[str]) -> tuple[str, ...]:
 
 
 def is_forbidden_address(address: IPAddress) -> bool:
-    """True for anything that is not a plain public unicast address."""
-    candidates: list[IPAddress] = [address]
-    if isinstance(address, ipaddress.IPv6Address):
-        # Python 3.11 does not look through these wrappers by itself.
-        if address.ipv4_mapped is not None:
-            candidates.append(address.ipv4_mapped)
-        if address.sixtofour is not None:
-            candidates.append(address.sixtofour)
-        if address.teredo is not None:
-            candidates.extend(address.teredo)
+    """True for anything that is not a plain public unicast address, nor an IPv6 form wrapping one
+    (IPv4-mapped, 6to4, Teredo, IPv4-compatible, NAT64: ``denylist.ipv4_inside``)."""
+    candidates = denylist.ipv4_inside(address)
     return any(
         a.is_private
         or a.is_loopback

@@ -80,7 +80,7 @@ _resolved: dict[str, tuple[float, tuple[str, ...]]] = {}
 _resolved_lock = threading.Lock()
 
 
-def _ipv4_inside(address: IPAddress) -> list[IPAddress]:
+def ipv4_inside(address: IPAddress) -> list[IPAddress]:
     """``address`` and every IPv4 address an IPv6 form of it embeds."""
     found: list[IPAddress] = [address]
     if isinstance(address, ipaddress.IPv6Address):
@@ -176,7 +176,7 @@ class DenyList:
         return host.lower().rstrip(".") in self.hosts
 
     def _hits(self, address: IPAddress) -> list[IPAddress]:
-        return [a for a in _ipv4_inside(address) if any(a in net for net in self.networks)]
+        return [a for a in ipv4_inside(address) if any(a in net for net in self.networks)]
 
     def denies_address(self, address: IPAddress, opened: Sequence[IPNetwork] = ()) -> bool:
         """True if ``address`` (or an IPv4 address it embeds) is denied and ``opened`` does not name it."""

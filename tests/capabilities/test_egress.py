@@ -432,3 +432,11 @@ def test_tls_through_a_pinned_address_still_rejects_a_certificate_for_another_na
     with httpx.Client(transport=egress.PinnedTransport(backend, verify=verify)) as client:
         with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
             client.get(f"https://other.test:{port}/")
+
+
+@pytest.mark.parametrize(
+    "address", ["64:ff9b::a00:1", "64:ff9b::7f00:1", "::a00:1", "::ffff:10.0.0.1", "2002:a00:1::"]
+)
+def test_an_ipv6_form_wrapping_a_private_ipv4_address_is_not_public(address):
+    # NAT64 64:ff9b::/96 is itself globally routable: only the address it wraps tells.
+    assert egress.is_forbidden_address(ipaddress.ip_address(address))
