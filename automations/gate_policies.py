@@ -11,9 +11,9 @@ Three things can make a step ask a human, or block it, whatever the autonomy x r
 
 They can only tighten the gate: :func:`assess` says ``BLOCK``, ``CONFIRM`` or nothing, and
 ``gating.decision_for`` takes the stricter of that and the matrix. A step that no policy touches
-costs a few attribute reads and no query (~1 us, bench/policy_gate_bench.py): the workspace's rules arrive with the run's claim,
-compiled filters are cached by the rules' JSON, and the credential table is read only for steps
-that name a credential or call an MCP server's tool.
+costs a few attribute reads and no query (figures: docs/performance.md): the workspace's rules
+arrive with the run's claim, compiled filters are cached by the rules' JSON, and the credential
+table is read only for steps that name a credential or call an MCP server's tool.
 """
 
 from __future__ import annotations
